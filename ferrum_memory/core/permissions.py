@@ -1,0 +1,37 @@
+from typing import TYPE_CHECKING
+
+from rest_framework import exceptions, permissions
+from rest_framework.request import Request
+
+from .models import ApiKey
+
+if TYPE_CHECKING:  # rest_framework.views imports the permission classes: no cycle at run time
+    from rest_framework.views import APIView
+
+
+class HasApiKey(permissions.BasePermission):
+    """A valid key is required; a read-only key may only use safe methods."""
+
+    message = "This API key is read-only."
+
+    def has_permission(self, request: Request, view: "APIView") -> bool:
+        api_key = request.auth
+        if not isinstance(api_key, ApiKey):
+            raise exceptions.NotAuthenticated(
+                "An API key is required: 'Authorization: Bearer <key>'."
+            )
+        return request.method in permissions.SAFE_METHODS or not api_key.read_only
+
+
+def allowed_agent_ids(request: Request) -> list[str] | None:
+    """The agent ids the request's key may touch, or None when it may touch every agent."""
+    api_key = request.auth
+    if isinstance(api_key, ApiKey) and api_key.allowed_agent_ids:
+        return list(api_key.allowed_agent_ids)
+    return None
+
+
+def ensure_agent_allowed(request: Request, agent_id: str) -> None:
+    allowed = allowed_agent_ids(request)
+    if allowed is not None and agent_id not in allowed:
+        raise exceptions.PermissionDenied(f"This API key may not use agent '{agent_id}'.")

@@ -1,0 +1,209 @@
+"""Settings for ferrum-memory.
+
+Every knob is an environment variable read here, once, through one ``environ.Env``. With no
+variable set the service runs embedded: SQLite in WAL mode, Celery on a SQLite broker, no
+Redis or Qdrant server. ``.env.example`` and the README list the same variables.
+"""
+
+import secrets
+from pathlib import Path
+
+import environ
+
+BASE_DIR = Path(__file__).resolve().parent.parent.parent
+
+env = environ.Env()
+if (BASE_DIR / ".env").is_file():
+    env.read_env(BASE_DIR / ".env")
+
+# Where the embedded engines keep their files (SQLite DB, broker, index shard, secret key).
+DATA_DIR = Path(env.str("FERRUM_DATA_DIR", default=str(BASE_DIR / "var")))
+DATA_DIR.mkdir(parents=True, exist_ok=True)
+
+
+# GENERAL
+# ------------------------------------------------------------------------------
+def _secret_key() -> str:
+    """DJANGO_SECRET_KEY, or a random key kept in the data folder.
+
+    No secret has a built-in default: an install without DJANGO_SECRET_KEY gets its own random
+    key, stored next to its database so sessions survive restarts.
+    """
+    configured = env.str("DJANGO_SECRET_KEY", default="")
+    if configured:
+        return configured
+    key_file = DATA_DIR / "secret_key"
+    if not key_file.exists():
+        key_file.touch(mode=0o600)
+        key_file.write_text(secrets.token_urlsafe(50))
+    return key_file.read_text().strip()
+
+
+SECRET_KEY = _secret_key()
+DEBUG = env.bool("DJANGO_DEBUG", default=False)
+ALLOWED_HOSTS = env.list("ALLOWED_HOSTS", default=["127.0.0.1", "localhost"])
+TIME_ZONE = "UTC"
+USE_TZ = True
+LANGUAGE_CODE = "en-us"
+ROOT_URLCONF = "ferrum_memory.urls"
+WSGI_APPLICATION = "ferrum_memory.wsgi.application"
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+# The API paths are fixed by the spec, with and without a slash: never redirect a POST.
+APPEND_SLASH = False
+
+INSTALLED_APPS = [
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "rest_framework",
+    "drf_spectacular",
+    "drf_spectacular_sidecar",
+    "django_celery_beat",
+    "django_prometheus",
+    "ferrum_memory.core",
+    "memory",
+    "experience",
+    "sessions.apps.SessionsConfig",
+]
+
+MIDDLEWARE = [
+    "django_prometheus.middleware.PrometheusBeforeMiddleware",
+    "django.middleware.security.SecurityMiddleware",
+    "whitenoise.middleware.WhiteNoiseMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    "django_prometheus.middleware.PrometheusAfterMiddleware",
+]
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ],
+        },
+    },
+]
+
+STATIC_URL = "/static/"
+STATIC_ROOT = DATA_DIR / "static"
+STORAGES = {
+    "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
+    "staticfiles": {"BACKEND": "whitenoise.storage.CompressedManifestStaticFilesStorage"},
+}
+
+# DATABASES
+# ------------------------------------------------------------------------------
+# DATABASE_URL (PostgreSQL) when scaled out; otherwise the SQLite file at SQLITE_PATH.
+SQLITE_PATH = Path(env.str("SQLITE_PATH", default=str(DATA_DIR / "ferrum_memory.sqlite3")))
+if env.str("DATABASE_URL", default=""):
+    DATABASES = {"default": env.db("DATABASE_URL")}
+    DATABASES["default"]["CONN_MAX_AGE"] = env.int("DATABASE_CONN_MAX_AGE", default=60)
+    # A dropped connection fails one request at most: the next one reconnects.
+    DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
+else:
+    DATABASES = {
+        "default": {
+            "ENGINE": "django.db.backends.sqlite3",
+            "NAME": SQLITE_PATH,
+            "OPTIONS": {
+                # WAL lets the web, worker and beat processes read while one of them writes;
+                # IMMEDIATE takes the write lock up front, so concurrent writers wait (up to
+                # the timeout) instead of failing with "database is locked" mid-transaction.
+                "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
+                "transaction_mode": "IMMEDIATE",
+                "timeout": 20,
+            },
+        }
+    }
+
+# CACHES (API throttling)
+# ------------------------------------------------------------------------------
+REDIS_URL = env.str("REDIS_URL", default="")
+if REDIS_URL:
+    CACHES = {
+        "default": {"BACKEND": "django.core.cache.backends.redis.RedisCache", "LOCATION": REDIS_URL}
+    }
+else:
+    # A file cache is shared by every process on the machine, unlike the per-process locmem.
+    CACHES = {
+        "default": {
+            "BACKEND": "django.core.cache.backends.filebased.FileBasedCache",
+            "LOCATION": DATA_DIR / "cache",
+        }
+    }
+
+# CELERY
+# ------------------------------------------------------------------------------
+# Redis when scaled out; otherwise kombu's SQLAlchemy transport on a SQLite file.
+CELERY_BROKER_URL = env.str(
+    "CELERY_BROKER_URL",
+    default=REDIS_URL or f"sqla+sqlite:///{DATA_DIR / 'celery-broker.sqlite3'}",
+)
+CELERY_TASK_SERIALIZER = "json"
+CELERY_RESULT_SERIALIZER = "json"
+CELERY_ACCEPT_CONTENT = ["json"]
+CELERY_TASK_IGNORE_RESULT = True
+CELERY_TASK_ACKS_LATE = True
+CELERY_TASK_REJECT_ON_WORKER_LOST = True
+CELERY_WORKER_PREFETCH_MULTIPLIER = 1
+CELERY_TASK_SOFT_TIME_LIMIT = 300
+CELERY_TASK_TIME_LIMIT = 360
+CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+CELERY_BEAT_SCHEDULER = "django_celery_beat.schedulers:DatabaseScheduler"
+CELERY_TIMEZONE = TIME_ZONE
+
+# QDRANT, EMBEDDINGS, WORKING MEMORY, REPLAY
+# ------------------------------------------------------------------------------
+QDRANT_URL = env.str("QDRANT_URL", default="")
+QDRANT_COLLECTION = env.str("QDRANT_COLLECTION", default="ferrum_memory")
+FASTEMBED_MODEL = env.str("FASTEMBED_MODEL", default="sentence-transformers/all-MiniLM-L6-v2")
+DEFAULT_REPLAY_TTL = env.int("DEFAULT_REPLAY_TTL", default=86400)
+DEFAULT_WORKING_MEM_TTL = env.int("DEFAULT_WORKING_MEM_TTL", default=86400)
+OTEL_SERVICE_NAME = env.str("OTEL_SERVICE_NAME", default="ferrum-memory")
+
+# API
+# ------------------------------------------------------------------------------
+REST_FRAMEWORK = {
+    "DEFAULT_AUTHENTICATION_CLASSES": ["ferrum_memory.core.authentication.ApiKeyAuthentication"],
+    "DEFAULT_PERMISSION_CLASSES": ["ferrum_memory.core.permissions.HasApiKey"],
+    "DEFAULT_THROTTLE_CLASSES": ["ferrum_memory.core.throttling.ApiKeyRateThrottle"],
+    "DEFAULT_THROTTLE_RATES": {"api_key": env.str("API_THROTTLE_RATE", default="6000/min")},
+    "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
+    "DEFAULT_PARSER_CLASSES": ["rest_framework.parsers.JSONParser"],
+    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+    "EXCEPTION_HANDLER": "ferrum_memory.core.exceptions.api_exception_handler",
+    "UNAUTHENTICATED_USER": None,
+}
+
+SPECTACULAR_SETTINGS = {
+    "TITLE": "ferrum-memory",
+    "DESCRIPTION": "Working memory, long-term memory and experience replay for learning agents.",
+    "VERSION": "0.1.0",
+    "SERVE_INCLUDE_SCHEMA": False,
+    # Swagger UI and Redoc from the drf-spectacular-sidecar package: no CDN.
+    "SWAGGER_UI_DIST": "SIDECAR",
+    "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
+    "REDOC_DIST": "SIDECAR",
+}
+
+# LOGGING
+# ------------------------------------------------------------------------------
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "handlers": {"console": {"class": "logging.StreamHandler"}},
+    "root": {"handlers": ["console"], "level": env.str("LOG_LEVEL", default="INFO")},
+}

@@ -1,0 +1,31 @@
+"""gunicorn settings for the web process; each one can be overridden on the command line."""
+
+import os
+import shutil
+from pathlib import Path
+
+bind = os.environ.get("GUNICORN_BIND", "127.0.0.1:8000")
+workers = int(os.environ.get("WEB_CONCURRENCY", "2"))
+threads = int(os.environ.get("GUNICORN_THREADS", "4"))
+timeout = 60
+accesslog = "-"
+
+# Each worker process has its own Prometheus registry; multiprocess mode makes /metrics add
+# them up. The variable must be set before prometheus_client is imported in the workers.
+_metrics_dir = Path(
+    os.environ.setdefault(
+        "PROMETHEUS_MULTIPROC_DIR",
+        str(Path(os.environ.get("FERRUM_DATA_DIR", "var")).resolve() / "prometheus-web"),
+    )
+)
+
+
+def on_starting(server: object) -> None:
+    shutil.rmtree(_metrics_dir, ignore_errors=True)
+    _metrics_dir.mkdir(parents=True)
+
+
+def child_exit(server: object, worker: object) -> None:
+    from prometheus_client import multiprocess
+
+    multiprocess.mark_process_dead(worker.pid)  # type: ignore[attr-defined]

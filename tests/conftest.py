@@ -1,0 +1,53 @@
+import os
+import socket
+from urllib.parse import urlsplit
+
+import pytest
+from rest_framework.test import APIClient
+
+from ferrum_memory.core.services import api_key_create
+
+
+def require_service(url: str, what: str) -> str:
+    """Return url when something listens there. Otherwise skip on a developer's machine, and
+    fail in CI, where the service is part of the contract (never a silent skip)."""
+    parts = urlsplit(url)
+    try:
+        socket.create_connection((parts.hostname, parts.port), timeout=2).close()
+    except OSError as exc:
+        message = f"{what} is not reachable at {url}: {exc}"
+        if os.environ.get("CI") == "true":
+            pytest.fail(message)
+        pytest.skip(message)
+    return url
+
+
+@pytest.fixture
+def redis_url() -> str:
+    return require_service(os.environ.get("TEST_REDIS_URL", "redis://127.0.0.1:6379/15"), "Redis")
+
+
+@pytest.fixture
+def api_key(db):
+    api_key, raw_key = api_key_create(name="test")
+    return api_key, raw_key
+
+
+@pytest.fixture
+def api_client(api_key) -> APIClient:
+    client = APIClient()
+    client.credentials(HTTP_AUTHORIZATION=f"Bearer {api_key[1]}")
+    return client
+
+
+@pytest.fixture
+def anon_client() -> APIClient:
+    return APIClient()
+
+
+@pytest.fixture(autouse=True)
+def _clear_cache():
+    # Throttle counters live in the cache; each test starts with a fresh budget.
+    from django.core.cache import cache
+
+    cache.clear()

@@ -1,0 +1,87 @@
+import pytest
+from django.core.management import call_command
+from rest_framework.test import APIClient
+
+from ferrum_memory.core.models import ApiKey
+from ferrum_memory.core.services import api_key_create, api_key_hash
+
+pytestmark = pytest.mark.django_db
+
+
+def client_for(raw_key: str) -> APIClient:
+    client = APIClient()
+    client.credentials(HTTP_AUTHORIZATION=f"Bearer {raw_key}")
+    return client
+
+
+def test_key_is_stored_hashed_only():
+    api_key, raw_key = api_key_create(name="ci", allowed_agent_ids=["a"], read_only=True)
+    api_key.refresh_from_db()
+    assert api_key.key_hash == api_key_hash(raw_key)
+    assert raw_key not in {api_key.key_hash, api_key.prefix}
+    assert raw_key.startswith(api_key.prefix)
+    assert api_key.allowed_agent_ids == ["a"] and api_key.read_only
+
+
+def test_request_without_key_gets_401_with_challenge(anon_client):
+    response = anon_client.get("/stats")
+    assert response.status_code == 401
+    assert response["WWW-Authenticate"].startswith("Bearer")
+    assert "API key is required" in response.json()["detail"]
+
+
+@pytest.mark.parametrize("header", ["Bearer nope", "Bearer", "Bearer a b", "Bearer \xff"])
+def test_bad_key_gets_401(anon_client, header):
+    response = anon_client.get("/stats", HTTP_AUTHORIZATION=header)
+    assert response.status_code == 401
+
+
+def test_valid_key_succeeds_and_records_last_use(api_client, api_key):
+    assert api_key[0].last_used_at is None
+    response = api_client.get("/stats")
+    assert response.status_code == 200
+    api_key[0].refresh_from_db()
+    assert api_key[0].last_used_at is not None
+
+
+def test_revoked_key_gets_401(api_client, api_key):
+    ApiKey.objects.filter(pk=api_key[0].pk).update(is_active=False)
+    assert api_client.get("/stats").status_code == 401
+
+
+def test_read_only_key_cannot_write():
+    _, raw_key = api_key_create(name="ro", read_only=True)
+    client = client_for(raw_key)
+    assert client.get("/stats").status_code == 200
+    response = client.post("/stats", {}, format="json")
+    assert response.status_code == 403
+    assert "read-only" in response.json()["detail"]
+
+
+def test_create_api_key_command_prints_a_working_key(capsys):
+    call_command("create_api_key", "cli", "--agent", "a1", "--agent", "a2", "--read-only")
+    raw_key = capsys.readouterr().out.strip()
+    api_key = ApiKey.objects.get(name="cli")
+    assert api_key.key_hash == api_key_hash(raw_key)
+    assert api_key.allowed_agent_ids == ["a1", "a2"] and api_key.read_only
+    assert client_for(raw_key).get("/stats").status_code == 200
+
+
+def test_rotate_deactivates_keys_of_the_same_name(capsys):
+    call_command("create_api_key", "dev")
+    first = capsys.readouterr().out.strip()
+    call_command("create_api_key", "dev", "--rotate")
+    second = capsys.readouterr().out.strip()
+    assert client_for(first).get("/stats").status_code == 401
+    assert client_for(second).get("/stats").status_code == 200
+
+
+def test_throttle_is_per_key(monkeypatch):
+    from ferrum_memory.core.throttling import ApiKeyRateThrottle
+
+    # DRF reads the rates once at import; patch the class the way it would have read them.
+    monkeypatch.setattr(ApiKeyRateThrottle, "THROTTLE_RATES", {"api_key": "3/min"})
+    first = client_for(api_key_create(name="a")[1])
+    second = client_for(api_key_create(name="b")[1])
+    assert [first.get("/stats").status_code for _ in range(4)] == [200, 200, 200, 429]
+    assert second.get("/stats").status_code == 200

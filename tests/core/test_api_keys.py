@@ -42,6 +42,7 @@ def test_valid_key_succeeds_and_records_last_use(api_client, api_key):
     assert response.status_code == 200
     api_key[0].refresh_from_db()
     assert api_key[0].last_used_at is not None
+    assert response.wsgi_request.user.is_authenticated
 
 
 def test_revoked_key_gets_401(api_client, api_key):

@@ -1,3 +1,4 @@
+import json
 import re
 
 import pytest
@@ -93,11 +94,17 @@ def test_unknown_paths_get_json_404(anon_client, path):
     assert response.json() == {"detail": "Not found."}
 
 
-def test_server_error_is_json(client):
-    from ferrum_memory.core.exceptions import json_server_error
+@pytest.mark.parametrize(
+    ("handler", "status"),
+    [("json_bad_request", 400), ("json_permission_denied", 403), ("json_server_error", 500)],
+)
+def test_django_error_handlers_answer_json(rf, handler, status):
+    from ferrum_memory.core import exceptions
 
-    response = json_server_error(None)  # type: ignore[arg-type]
-    assert response.status_code == 500 and response["Content-Type"] == "application/json"
+    response = getattr(exceptions, handler)(rf.get("/x"))
+    assert response.status_code == status
+    assert response["Content-Type"] == "application/json"
+    assert "detail" in json.loads(response.content)
 
 
 def test_admin_needs_staff_login(client, django_user_model):
@@ -129,3 +136,16 @@ def test_secret_key_is_not_a_built_in_default():
     key_file = settings.DATA_DIR / "secret_key"
     assert settings.SECRET_KEY == key_file.read_text().strip()
     assert len(settings.SECRET_KEY) >= 50
+
+
+def test_admin_edits_an_existing_key_without_changing_its_hash(admin_client):
+    from ferrum_memory.core.services import api_key_create
+
+    api_key, _ = api_key_create(name="old")
+    response = admin_client.post(
+        f"/admin/core/apikey/{api_key.pk}/change/",
+        {"name": "renamed", "allowed_agent_ids": "[]", "read_only": "on", "is_active": "on"},
+    )
+    assert response.status_code == 302
+    edited = ApiKey.objects.get(pk=api_key.pk)
+    assert (edited.name, edited.read_only, edited.key_hash) == ("renamed", True, api_key.key_hash)

@@ -1,7 +1,7 @@
 from typing import Any
 
 from django.contrib import admin
-from django.urls import path
+from django.urls import include, path
 from drf_spectacular.views import SpectacularJSONAPIView, SpectacularSwaggerView
 
 from ferrum_memory.core.views import HealthView, MetricsView, StatsView
@@ -24,4 +24,5 @@ urlpatterns = [
     path("openapi.json", SpectacularJSONAPIView.as_view(**_public), name="openapi"),
     path("docs", SpectacularSwaggerView.as_view(url_name="openapi", **_public), name="docs"),
     path("admin/", admin.site.urls),
+    path("", include("experience.urls")),
 ]

@@ -8,4 +8,9 @@ class CoreConfig(AppConfig):
 
     def ready(self) -> None:
         # Registers the database and broker health checks and the OpenAPI auth extension.
+        from django.db.models.signals import post_migrate
+
         from . import checks, schema  # noqa: F401
+        from .schedules import ensure_default_schedules
+
+        post_migrate.connect(ensure_default_schedules, sender=self)

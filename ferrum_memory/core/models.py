@@ -26,3 +26,21 @@ class ApiKey(models.Model):
     def is_authenticated(self) -> bool:
         # DRF puts the authenticated principal in request.user; an API key is that principal.
         return True
+
+
+class RevisionCounter(models.Model):
+    """A named, monotonic change counter: the cursor that derived indexes catch up from.
+
+    A write transaction takes one revision by incrementing this row. The row stays locked until
+    the transaction commits, so revisions become visible in the order they were handed out: a
+    reader that has seen revision r has seen every revision below r (the commit-safe horizon).
+    """
+
+    name = models.CharField(max_length=50, primary_key=True)
+    value = models.BigIntegerField(default=0)
+    # Tombstones up to this revision have been purged: an index whose cursor is older than this
+    # cannot catch up by reading changes and must rebuild from the DB.
+    purged_through = models.BigIntegerField(default=0)
+
+    def __str__(self) -> str:
+        return f"{self.name}@{self.value}"

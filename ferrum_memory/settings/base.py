@@ -207,3 +207,11 @@ LOGGING = {
     "handlers": {"console": {"class": "logging.StreamHandler"}},
     "root": {"handlers": ["console"], "level": env.str("LOG_LEVEL", default="INFO")},
 }
+
+# REPLAY (prioritized experience replay, Schaul et al. 2015)
+# ------------------------------------------------------------------------------
+REPLAY_ALPHA = env.float("REPLAY_ALPHA", default=0.6)
+REPLAY_BETA = env.float("REPLAY_BETA", default=0.4)
+REPLAY_EPSILON = env.float("REPLAY_EPSILON", default=1e-6)
+# Tombstones older than this are purged; a replay index that fell further behind rebuilds.
+REPLAY_TOMBSTONE_RETENTION = env.int("REPLAY_TOMBSTONE_RETENTION", default=3600)

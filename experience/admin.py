@@ -1,0 +1,126 @@
+import json
+from typing import Any
+
+from django.contrib import admin, messages
+from django.db.models import QuerySet
+from django.forms import ModelForm
+from django.http import HttpRequest
+from django.utils.html import format_html
+
+from .models import Experience
+from .services import (
+    experience_curate,
+    experience_delete_many,
+    experience_recompute_priority,
+    experience_reset_priority_to_max,
+)
+
+TASK_EXCERPT_CHARS = 80
+
+
+class RewardSignFilter(admin.SimpleListFilter):
+    title = "reward"
+    parameter_name = "reward_sign"
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
+        return [("positive", "> 0"), ("zero", "= 0"), ("negative", "< 0")]
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet[Experience]) -> QuerySet[Experience]:
+        lookup = {"positive": "reward__gt", "zero": "reward", "negative": "reward__lt"}.get(
+            self.value() or ""
+        )
+        return queryset.filter(**{lookup: 0}) if lookup else queryset
+
+
+class SampledFilter(admin.SimpleListFilter):
+    title = "sampled"
+    parameter_name = "sampled"
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
+        return [("yes", "Sampled"), ("no", "Never sampled")]
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet[Experience]) -> QuerySet[Experience]:
+        if self.value() == "yes":
+            return queryset.filter(times_sampled__gt=0)
+        if self.value() == "no":
+            return queryset.filter(times_sampled=0)
+        return queryset
+
+
+def _pretty(value: Any) -> str:
+    return format_html("<pre>{}</pre>", json.dumps(value, indent=2, ensure_ascii=False))
+
+
+@admin.register(Experience)
+class ExperienceAdmin(admin.ModelAdmin):
+    """Curation: every edit goes through the services, so replay sees it on the next request."""
+
+    list_display = (
+        "experience_id", "agent_id", "task_excerpt", "reward", "passed", "td_error", "priority",
+        "times_sampled", "created_at",
+    )
+    list_editable = ("td_error", "priority")
+    list_filter = ("agent_id", "passed", RewardSignFilter, SampledFilter)
+    search_fields = ("task", "experience_id")
+    ordering = ("-id",)
+    show_full_result_count = False  # COUNT(*) over a million rows on every page is slow
+    list_per_page = 50
+    actions = ("reset_priority_to_max", "recompute_priority", "delete_selected_experiences")
+    fields = (
+        "experience_id", "agent_id", "session_id", "task", "tool_calls_pretty",
+        "test_result_pretty", "reward", "td_error", "priority", "metadata_pretty",
+        "created_at", "expires_at", "times_sampled", "last_sampled_at",
+    )
+    readonly_fields = tuple(f for f in fields if f not in {"td_error", "priority"})
+
+    @admin.display(description="task")
+    def task_excerpt(self, obj: Experience) -> str:
+        return obj.task if len(obj.task) <= TASK_EXCERPT_CHARS else obj.task[:TASK_EXCERPT_CHARS] + "…"
+
+    @admin.display(description="tool calls")
+    def tool_calls_pretty(self, obj: Experience) -> str:
+        return _pretty(obj.tool_calls)
+
+    @admin.display(description="test result")
+    def test_result_pretty(self, obj: Experience) -> str:
+        return _pretty(obj.test_result)
+
+    @admin.display(description="metadata")
+    def metadata_pretty(self, obj: Experience) -> str:
+        return _pretty(obj.metadata)
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False  # experiences come from agents through the API or import_experiences
+
+    def get_actions(self, request: HttpRequest) -> dict[str, Any]:
+        actions = super().get_actions(request)
+        actions.pop("delete_selected", None)  # replaced by one that leaves tombstones
+        return actions
+
+    def save_model(self, request: HttpRequest, obj: Experience, form: ModelForm, change: bool) -> None:
+        experience_curate(
+            experience=obj,
+            td_error=form.cleaned_data.get("td_error"),
+            priority=form.cleaned_data.get("priority") if "priority" in form.changed_data else None,
+        )
+
+    def delete_model(self, request: HttpRequest, obj: Experience) -> None:
+        experience_delete_many(queryset=Experience.objects.filter(pk=obj.pk))
+
+    def delete_queryset(self, request: HttpRequest, queryset: QuerySet[Experience]) -> None:
+        experience_delete_many(queryset=queryset)
+
+    @admin.action(description="Reset priority to the agent's max")
+    def reset_priority_to_max(self, request: HttpRequest, queryset: QuerySet[Experience]) -> None:
+        count = experience_reset_priority_to_max(queryset=queryset)
+        self.message_user(request, f"{count} experiences now have their agent's max priority.")
+
+    @admin.action(description="Recompute priority from the TD error")
+    def recompute_priority(self, request: HttpRequest, queryset: QuerySet[Experience]) -> None:
+        count = experience_recompute_priority(queryset=queryset)
+        self.message_user(request, f"Recomputed the priority of {count} experiences with a TD error.")
+
+    @admin.action(description="Delete selected experiences")
+    def delete_selected_experiences(self, request: HttpRequest, queryset: QuerySet[Experience]) -> None:
+        count = experience_delete_many(queryset=queryset)
+        self.message_user(request, f"Deleted {count} experiences.", messages.SUCCESS)

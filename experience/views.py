@@ -1,0 +1,163 @@
+import uuid
+from typing import Any
+
+from drf_spectacular.utils import OpenApiResponse, PolymorphicProxySerializer, extend_schema
+from rest_framework import status
+from rest_framework.exceptions import ValidationError
+from rest_framework.pagination import CursorPagination
+from rest_framework.request import Request
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from ferrum_memory.core.permissions import allowed_agent_ids, ensure_agent_allowed
+
+from . import serializers as s
+from .selectors import experience_get, experience_list, experience_stats, replay_sample
+from .services import (
+    experience_create_many,
+    experience_delete_many,
+    experience_mark_sampled,
+    experience_td_error_update,
+)
+
+ExperienceCreateRequest = PolymorphicProxySerializer(
+    component_name="ExperienceCreate",
+    serializers=[s.ExperienceInSerializer, s.ExperienceInSerializer(many=True)],
+    resource_type_field_name=None,
+)
+TdErrorRequest = PolymorphicProxySerializer(
+    component_name="TdErrorRequest",
+    serializers=[s.TdErrorUpdateSerializer, s.TdErrorBatchSerializer],
+    resource_type_field_name=None,
+)
+ERRORS = {400: OpenApiResponse(description="Invalid input, with errors per field.")}
+
+
+class ExperiencePagination(CursorPagination):
+    ordering = "-id"
+    page_size = 50
+    page_size_query_param = "page_size"
+    max_page_size = 500
+
+
+class ExperienceCollectionView(APIView):
+    @extend_schema(
+        parameters=[s.ExperienceListQuerySerializer],
+        responses={200: s.ExperienceOutSerializer(many=True)},
+    )
+    def get(self, request: Request) -> Response:
+        query = s.ExperienceListQuerySerializer(data=request.query_params)
+        query.is_valid(raise_exception=True)
+        paginator = ExperiencePagination()
+        page = paginator.paginate_queryset(
+            experience_list(agent_ids=allowed_agent_ids(request), filters=query.validated_data),
+            request,
+            view=self,
+        )
+        return paginator.get_paginated_response(s.ExperienceOutSerializer(page, many=True).data)
+
+    @extend_schema(
+        request=ExperienceCreateRequest,
+        responses={
+            201: PolymorphicProxySerializer(
+                component_name="ExperienceCreated",
+                serializers=[s.ExperienceOutSerializer, s.ExperienceBatchOutSerializer],
+                resource_type_field_name=None,
+            ),
+            200: OpenApiResponse(description="Every id was stored before: the stored rows."),
+            409: OpenApiResponse(description="An id is used by another agent."),
+            **ERRORS,
+        },
+    )
+    def post(self, request: Request) -> Response:
+        many = isinstance(request.data, list)
+        if many and not 1 <= len(request.data) <= s.MAX_BATCH:
+            raise ValidationError({"non_field_errors": [f"Send 1 to {s.MAX_BATCH} experiences."]})
+        serializer = s.ExperienceInSerializer(data=request.data, many=many)
+        serializer.is_valid(raise_exception=True)
+        items = serializer.validated_data if many else [serializer.validated_data]
+        ids = [item.get("id") for item in items if item.get("id")]
+        if len(ids) != len(set(ids)):
+            raise ValidationError({"id": ["Each id may appear once in a list."]})
+        for item in items:
+            ensure_agent_allowed(request, item["agent_id"])
+            item["experience_id"] = item.pop("id", None) or uuid.uuid4().hex
+        stored = experience_create_many(items=items)
+        created = sum(result.created for result in stored)
+        code = status.HTTP_201_CREATED if created else status.HTTP_200_OK
+        rows = [result.experience for result in stored]
+        if not many:
+            return Response(s.ExperienceOutSerializer(rows[0]).data, status=code)
+        body = {"created": created, "existing": len(rows) - created, "items": rows}
+        return Response(s.ExperienceBatchOutSerializer(body).data, status=code)
+
+
+class ExperienceDetailView(APIView):
+    @extend_schema(responses={200: s.ExperienceOutSerializer, 404: OpenApiResponse()})
+    def get(self, request: Request, experience_id: str) -> Response:
+        experience = experience_get(experience_id=experience_id, agent_ids=allowed_agent_ids(request))
+        return Response(s.ExperienceOutSerializer(experience).data)
+
+    @extend_schema(responses={204: None, 404: OpenApiResponse()})
+    def delete(self, request: Request, experience_id: str) -> Response:
+        experience = experience_get(experience_id=experience_id, agent_ids=allowed_agent_ids(request))
+        experience_delete_many(queryset=type(experience).objects.filter(pk=experience.pk))
+        return Response(status=status.HTTP_204_NO_CONTENT)
+
+
+class ExperienceStatsView(APIView):
+    @extend_schema(responses={200: dict[str, Any]})
+    def get(self, request: Request) -> Response:
+        return Response(experience_stats(agent_ids=allowed_agent_ids(request)))
+
+
+class TdErrorView(APIView):
+    @extend_schema(
+        request=TdErrorRequest,
+        responses={200: s.TdErrorResultSerializer, 404: OpenApiResponse(), **ERRORS},
+    )
+    def put(self, request: Request) -> Response:
+        batch = isinstance(request.data, dict) and "updates" in request.data
+        if batch and isinstance(request.data["updates"], list):
+            if len(request.data["updates"]) > s.MAX_TD_UPDATES:
+                raise ValidationError({"updates": [f"At most {s.MAX_TD_UPDATES} updates."]})
+        serializer = (s.TdErrorBatchSerializer if batch else s.TdErrorUpdateSerializer)(
+            data=request.data
+        )
+        serializer.is_valid(raise_exception=True)
+        updates = serializer.validated_data["updates"] if batch else [serializer.validated_data]
+        result = experience_td_error_update(
+            updates=[(u["experience_id"], u["td_error"]) for u in updates],
+            agent_ids=allowed_agent_ids(request),
+        )
+        if not batch and result.unknown_ids:
+            return Response(
+                {"detail": f"No experience '{result.unknown_ids[0]}'.", "unknown_ids": result.unknown_ids},
+                status=status.HTTP_404_NOT_FOUND,
+            )
+        return Response(s.TdErrorResultSerializer(result).data)
+
+
+class ReplayView(APIView):
+    @extend_schema(
+        parameters=[s.ReplayQuerySerializer],
+        responses={
+            200: s.ReplayOutSerializer,
+            409: OpenApiResponse(description="The buffer holds fewer than min_size experiences."),
+            **ERRORS,
+        },
+    )
+    def get(self, request: Request) -> Response:
+        query = s.ReplayQuerySerializer(data=request.query_params)
+        query.is_valid(raise_exception=True)
+        params = dict(query.validated_data)
+        allowed = allowed_agent_ids(request)
+        if params.get("agent_id"):
+            ensure_agent_allowed(request, params["agent_id"])
+        elif allowed is not None:
+            if len(allowed) != 1:
+                raise ValidationError({"agent_id": ["Required: this key is limited to several agents."]})
+            params["agent_id"] = allowed[0]
+        batch = replay_sample(**params)
+        experience_mark_sampled(pks=[item.experience.pk for item in batch.items])
+        return Response(s.ReplayOutSerializer(batch).data)

@@ -25,7 +25,9 @@ class RewardSignFilter(admin.SimpleListFilter):
     def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
         return [("positive", "> 0"), ("zero", "= 0"), ("negative", "< 0")]
 
-    def queryset(self, request: HttpRequest, queryset: QuerySet[Experience]) -> QuerySet[Experience]:
+    def queryset(
+        self, request: HttpRequest, queryset: QuerySet[Experience]
+    ) -> QuerySet[Experience]:
         lookup = {"positive": "reward__gt", "zero": "reward", "negative": "reward__lt"}.get(
             self.value() or ""
         )
@@ -39,7 +41,9 @@ class SampledFilter(admin.SimpleListFilter):
     def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
         return [("yes", "Sampled"), ("no", "Never sampled")]
 
-    def queryset(self, request: HttpRequest, queryset: QuerySet[Experience]) -> QuerySet[Experience]:
+    def queryset(
+        self, request: HttpRequest, queryset: QuerySet[Experience]
+    ) -> QuerySet[Experience]:
         if self.value() == "yes":
             return queryset.filter(times_sampled__gt=0)
         if self.value() == "no":
@@ -56,8 +60,15 @@ class ExperienceAdmin(admin.ModelAdmin):
     """Curation: every edit goes through the services, so replay sees it on the next request."""
 
     list_display = (
-        "experience_id", "agent_id", "task_excerpt", "reward", "passed", "td_error", "priority",
-        "times_sampled", "created_at",
+        "experience_id",
+        "agent_id",
+        "task_excerpt",
+        "reward",
+        "passed",
+        "td_error",
+        "priority",
+        "times_sampled",
+        "created_at",
     )
     list_editable = ("td_error", "priority")
     list_filter = ("agent_id", "passed", RewardSignFilter, SampledFilter)
@@ -67,15 +78,28 @@ class ExperienceAdmin(admin.ModelAdmin):
     list_per_page = 50
     actions = ("reset_priority_to_max", "recompute_priority", "delete_selected_experiences")
     fields = (
-        "experience_id", "agent_id", "session_id", "task", "tool_calls_pretty",
-        "test_result_pretty", "reward", "td_error", "priority", "metadata_pretty",
-        "created_at", "expires_at", "times_sampled", "last_sampled_at",
+        "experience_id",
+        "agent_id",
+        "session_id",
+        "task",
+        "tool_calls_pretty",
+        "test_result_pretty",
+        "reward",
+        "td_error",
+        "priority",
+        "metadata_pretty",
+        "created_at",
+        "expires_at",
+        "times_sampled",
+        "last_sampled_at",
     )
     readonly_fields = tuple(f for f in fields if f not in {"td_error", "priority"})
 
     @admin.display(description="task")
     def task_excerpt(self, obj: Experience) -> str:
-        return obj.task if len(obj.task) <= TASK_EXCERPT_CHARS else obj.task[:TASK_EXCERPT_CHARS] + "…"
+        return (
+            obj.task if len(obj.task) <= TASK_EXCERPT_CHARS else obj.task[:TASK_EXCERPT_CHARS] + "…"
+        )
 
     @admin.display(description="tool calls")
     def tool_calls_pretty(self, obj: Experience) -> str:
@@ -97,7 +121,9 @@ class ExperienceAdmin(admin.ModelAdmin):
         actions.pop("delete_selected", None)  # replaced by one that leaves tombstones
         return actions
 
-    def save_model(self, request: HttpRequest, obj: Experience, form: ModelForm, change: bool) -> None:
+    def save_model(
+        self, request: HttpRequest, obj: Experience, form: ModelForm, change: bool
+    ) -> None:
         experience_curate(
             experience=obj,
             td_error=form.cleaned_data.get("td_error"),
@@ -118,9 +144,13 @@ class ExperienceAdmin(admin.ModelAdmin):
     @admin.action(description="Recompute priority from the TD error")
     def recompute_priority(self, request: HttpRequest, queryset: QuerySet[Experience]) -> None:
         count = experience_recompute_priority(queryset=queryset)
-        self.message_user(request, f"Recomputed the priority of {count} experiences with a TD error.")
+        self.message_user(
+            request, f"Recomputed the priority of {count} experiences with a TD error."
+        )
 
     @admin.action(description="Delete selected experiences")
-    def delete_selected_experiences(self, request: HttpRequest, queryset: QuerySet[Experience]) -> None:
+    def delete_selected_experiences(
+        self, request: HttpRequest, queryset: QuerySet[Experience]
+    ) -> None:
         count = experience_delete_many(queryset=queryset)
         self.message_user(request, f"Deleted {count} experiences.", messages.SUCCESS)

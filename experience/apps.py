@@ -14,7 +14,8 @@ class ExperienceConfig(AppConfig):
         from .selectors import experience_visible
 
         register_default_schedule(
-            name="experience: purge expired", task="experience.purge_expired",
+            name="experience: purge expired",
+            task="experience.purge_expired",
             every_seconds=PURGE_EVERY_SECONDS,
         )
         register_stats("experience")(

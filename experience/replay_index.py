@@ -67,8 +67,9 @@ class ReplayIndex:
         rows = Experience.objects.filter(revision__gt=self.cursor, revision__lte=upper)
         changed = list(rows.values_list("id", "agent_id", "priority", "created_at", "expires_at"))
         gone = list(
-            ExperienceTombstone.objects.filter(revision__gt=self.cursor, revision__lte=upper)
-            .values_list("experience_pk", "agent_id")
+            ExperienceTombstone.objects.filter(
+                revision__gt=self.cursor, revision__lte=upper
+            ).values_list("experience_pk", "agent_id")
         )
         self._apply(changed, gone)
         self.cursor = upper
@@ -126,9 +127,13 @@ class ReplayIndex:
 
     # Sampling -----------------------------------------------------------------------------
 
-    def size(self, agent_id: str | None) -> int:
+    def priorities(self, agent_id: str | None = None) -> dict[int, float]:
+        """What this process would sample from: {pk: priority} (for checks and tests)."""
         buffer = self._buffers.get(agent_id or ALL_AGENTS)
-        return 0 if buffer is None else len(buffer)
+        if buffer is None:
+            return {}
+        keys, priorities = buffer.items()
+        return dict(zip(keys.tolist(), priorities.tolist(), strict=True))
 
     def sample(
         self,

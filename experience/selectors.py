@@ -7,7 +7,16 @@ from typing import Any
 
 import numpy as np
 from django.conf import settings
-from django.db.models import Avg, Case, Count, F, FloatField, Max, Min, Q, QuerySet, StdDev, Sum, Value, When
+from django.db.models import (
+    Avg,
+    Count,
+    Max,
+    Min,
+    Q,
+    QuerySet,
+    StdDev,
+    Sum,
+)
 from django.db.models.functions import Abs
 from django.utils import timezone
 
@@ -45,7 +54,11 @@ def experience_list(
     if filters.get("passed") is not None:
         queryset = queryset.filter(passed=filters["passed"])
     if filters.get("sampled") is not None:
-        queryset = queryset.filter(times_sampled__gt=0) if filters["sampled"] else queryset.filter(times_sampled=0)
+        queryset = (
+            queryset.filter(times_sampled__gt=0)
+            if filters["sampled"]
+            else queryset.filter(times_sampled=0)
+        )
     return queryset.order_by("-id")
 
 
@@ -73,7 +86,10 @@ def experience_stats(*, agent_ids: Sequence[str] | None = None) -> dict[str, Any
         never_sampled=Count("id", filter=Q(times_sampled=0)),
     )
     by_agent = dict(
-        queryset.values("agent_id").annotate(n=Count("id")).order_by("agent_id").values_list("agent_id", "n")
+        queryset.values("agent_id")
+        .annotate(n=Count("id"))
+        .order_by("agent_id")
+        .values_list("agent_id", "n")
     )
     tested = summary.pop("with_test_result")
     passed = summary.pop("passed")
@@ -133,16 +149,24 @@ def replay_sample(
     rng = np.random.default_rng(seed)
     try:
         sample = get_replay_index().sample(
-            strategy=strategy, batch_size=batch_size, rng=rng, agent_id=agent_id,
-            alpha=alpha, configured_alpha=settings.REPLAY_ALPHA, beta=beta,
-            half_life=half_life, min_size=min_size, stratified=stratified,
+            strategy=strategy,
+            batch_size=batch_size,
+            rng=rng,
+            agent_id=agent_id,
+            alpha=alpha,
+            configured_alpha=settings.REPLAY_ALPHA,
+            beta=beta,
+            half_life=half_life,
+            min_size=min_size,
+            stratified=stratified,
         )
     except BufferTooSmall as exc:
         scope = f"agent '{agent_id}'" if agent_id else "the buffer"
         raise Conflict(
             f"Not enough experiences to sample: {scope} holds {exc.size} sampleable, "
             f"min_size is {min_size}.",
-            buffer_size=exc.size, min_size=min_size,
+            buffer_size=exc.size,
+            min_size=min_size,
         ) from None
     keys = sample.keys.tolist()
     rows = Experience.objects.in_bulk(set(keys))

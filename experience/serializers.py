@@ -56,14 +56,11 @@ def json_size_validator(limit: int) -> Any:
     return validate
 
 
-def validate_experience_id(value: str) -> str:
+def validate_experience_id(value: str) -> None:
     if not ID_PATTERN.match(value):
-        raise serializers.ValidationError(
-            "1 to 256 characters from letters, digits and . _ : @ -"
-        )
+        raise serializers.ValidationError("1 to 256 characters from letters, digits and . _ : @ -")
     if value in RESERVED_IDS:
         raise serializers.ValidationError(f"'{value}' is reserved.")
-    return value
 
 
 class ToolCallRecordSerializer(serializers.Serializer):
@@ -80,7 +77,9 @@ class TestResultSerializer(serializers.Serializer):
     passed = serializers.BooleanField()
     total = StrictIntegerField(min_value=0, default=0)
     failed = StrictIntegerField(min_value=0, default=0)
-    errors = StrictIntegerField(min_value=0, default=0)
+    # The contract names this field `errors`; DRF's metaclass moves declared fields off the
+    # class, so it does not shadow Serializer.errors at run time.
+    errors = StrictIntegerField(min_value=0, default=0)  # type: ignore[assignment]
     output = serializers.CharField(max_length=MAX_TEXT_CHARS, allow_blank=True, default="")
     duration_ms = StrictFloatField(min_value=0, allow_null=True, default=None)
 
@@ -93,14 +92,18 @@ class TestResultSerializer(serializers.Serializer):
 
 class ExperienceInSerializer(serializers.Serializer):
     id = serializers.CharField(
-        max_length=256, required=False, validators=[validate_experience_id],
+        max_length=256,
+        required=False,
+        validators=[validate_experience_id],
         help_text="Your id for this experience; sending it again returns the stored one.",
     )
     agent_id = serializers.CharField(max_length=256)
     session_id = serializers.CharField(max_length=256, required=False, allow_blank=True)
     task = serializers.CharField(max_length=MAX_TASK_CHARS)
-    tool_calls = ToolCallRecordSerializer(
-        many=True, required=False, max_length=MAX_TOOL_CALLS,
+    tool_calls = ToolCallRecordSerializer(  # type: ignore[call-arg]  # max_length: list kwarg
+        many=True,
+        required=False,
+        max_length=MAX_TOOL_CALLS,
         validators=[json_size_validator(MAX_JSON_BYTES)],
     )
     test_result = TestResultSerializer(required=False, allow_null=True)
@@ -110,7 +113,8 @@ class ExperienceInSerializer(serializers.Serializer):
         required=False, validators=[json_size_validator(MAX_METADATA_BYTES)]
     )
     ttl_seconds = StrictIntegerField(
-        min_value=0, required=False,
+        min_value=0,
+        required=False,
         help_text="Seconds to keep it; 0 keeps it forever. Default: DEFAULT_REPLAY_TTL.",
     )
 
@@ -123,9 +127,21 @@ class ExperienceOutSerializer(serializers.ModelSerializer):
     class Meta:
         model = Experience
         fields = [
-            "id", "agent_id", "session_id", "task", "tool_calls", "test_result", "passed",
-            "reward", "td_error", "priority", "metadata", "created_at", "expires_at",
-            "times_sampled", "last_sampled_at",
+            "id",
+            "agent_id",
+            "session_id",
+            "task",
+            "tool_calls",
+            "test_result",
+            "passed",
+            "reward",
+            "td_error",
+            "priority",
+            "metadata",
+            "created_at",
+            "expires_at",
+            "times_sampled",
+            "last_sampled_at",
         ]
 
 
@@ -141,7 +157,9 @@ class TdErrorUpdateSerializer(serializers.Serializer):
 
 
 class TdErrorBatchSerializer(serializers.Serializer):
-    updates = TdErrorUpdateSerializer(many=True, allow_empty=False, max_length=MAX_TD_UPDATES)
+    updates = TdErrorUpdateSerializer(  # type: ignore[call-arg]  # max_length: list kwarg
+        many=True, allow_empty=False, max_length=MAX_TD_UPDATES
+    )
 
 
 class TdErrorResultSerializer(serializers.Serializer):
@@ -155,7 +173,9 @@ class ReplayQuerySerializer(serializers.Serializer):
     alpha = serializers.FloatField(min_value=0, max_value=10, required=False)
     beta = serializers.FloatField(min_value=0, max_value=1, required=False)
     half_life = serializers.FloatField(
-        min_value=1e-3, default=3600.0, help_text="Seconds; recency weight 0.5 ** (age / half_life)."
+        min_value=1e-3,
+        default=3600.0,
+        help_text="Seconds; recency weight 0.5 ** (age / half_life).",
     )
     agent_id = serializers.CharField(max_length=256, required=False)
     seed = serializers.IntegerField(min_value=0, max_value=2**63 - 1, required=False)

@@ -172,6 +172,7 @@ def experience_recompute_priority(*, queryset: QuerySet[Experience]) -> int:
     rows = [
         Experience(id=pk, priority=priority_from_td_error(td), revision=revision)
         for pk, td in queryset.exclude(td_error=None).values_list("id", "td_error")
+        if td is not None
     ]
     Experience.objects.bulk_update(rows, ["priority", "revision"], batch_size=1000)
     return len(rows)
@@ -183,7 +184,10 @@ def experience_delete_many(*, queryset: QuerySet[Experience]) -> int:
     revision = revision_take(name=REVISION)
     doomed = list(queryset.values_list("id", "agent_id"))
     ExperienceTombstone.objects.bulk_create(
-        [ExperienceTombstone(experience_pk=pk, agent_id=agent, revision=revision) for pk, agent in doomed],
+        [
+            ExperienceTombstone(experience_pk=pk, agent_id=agent, revision=revision)
+            for pk, agent in doomed
+        ],
         ignore_conflicts=True,
     )
     Experience.objects.filter(id__in=[pk for pk, _ in doomed]).delete()

@@ -143,7 +143,9 @@ class PriorityIndex:
     def _as_payload(self, n: int, given: dict[str, npt.ArrayLike]) -> dict[str, Float64Array]:
         if set(given) != set(self._payload_names):
             raise ValueError(f"payload must be exactly {self._payload_names}, got {tuple(given)}")
-        columns = {name: np.asarray(values, dtype=np.float64).ravel() for name, values in given.items()}
+        columns = {
+            name: np.asarray(values, dtype=np.float64).ravel() for name, values in given.items()
+        }
         if any(column.shape[0] != n for column in columns.values()):
             raise ValueError(f"{n} keys but payload columns of other lengths")
         return columns

@@ -21,11 +21,18 @@ def _tool_calls(trajectory: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 arguments = json.loads(function.get("arguments") or "{}")
             except json.JSONDecodeError:
                 arguments = {"raw": function.get("arguments")}
-            record = {"name": function["name"], "arguments": arguments, "output": None, "error": None}
+            record = {
+                "name": function["name"],
+                "arguments": arguments,
+                "output": None,
+                "error": None,
+            }
             calls.append(record)
             pending.append((call.get("id", ""), record))
         if message.get("role") == "tool":
-            match = next((i for i, (cid, _) in enumerate(pending) if cid == message.get("tool_call_id")), 0)
+            match = next(
+                (i for i, (cid, _) in enumerate(pending) if cid == message.get("tool_call_id")), 0
+            )
             if pending:
                 _, record = pending.pop(match)
                 content = message.get("content") or ""
@@ -63,7 +70,11 @@ def experiences_from_file(path: Path, *, agent_id: str | None = None) -> list[di
                     "output": f"tau-bench reward {reward}; actions matched: {r_actions}",
                 },
                 "reward": reward,
-                "metadata": {"source": "tau-bench", "task_id": record["task_id"], "trial": record["trial"]},
+                "metadata": {
+                    "source": "tau-bench",
+                    "task_id": record["task_id"],
+                    "trial": record["trial"],
+                },
             }
         )
     return experiences

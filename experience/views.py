@@ -24,11 +24,13 @@ ExperienceCreateRequest = PolymorphicProxySerializer(
     component_name="ExperienceCreate",
     serializers=[s.ExperienceInSerializer, s.ExperienceInSerializer(many=True)],
     resource_type_field_name=None,
+    many=False,
 )
 TdErrorRequest = PolymorphicProxySerializer(
     component_name="TdErrorRequest",
     serializers=[s.TdErrorUpdateSerializer, s.TdErrorBatchSerializer],
     resource_type_field_name=None,
+    many=False,
 )
 ERRORS = {400: OpenApiResponse(description="Invalid input, with errors per field.")}
 
@@ -63,6 +65,7 @@ class ExperienceCollectionView(APIView):
                 component_name="ExperienceCreated",
                 serializers=[s.ExperienceOutSerializer, s.ExperienceBatchOutSerializer],
                 resource_type_field_name=None,
+                many=False,
             ),
             200: OpenApiResponse(description="Every id was stored before: the stored rows."),
             409: OpenApiResponse(description="An id is used by another agent."),
@@ -95,12 +98,16 @@ class ExperienceCollectionView(APIView):
 class ExperienceDetailView(APIView):
     @extend_schema(responses={200: s.ExperienceOutSerializer, 404: OpenApiResponse()})
     def get(self, request: Request, experience_id: str) -> Response:
-        experience = experience_get(experience_id=experience_id, agent_ids=allowed_agent_ids(request))
+        experience = experience_get(
+            experience_id=experience_id, agent_ids=allowed_agent_ids(request)
+        )
         return Response(s.ExperienceOutSerializer(experience).data)
 
     @extend_schema(responses={204: None, 404: OpenApiResponse()})
     def delete(self, request: Request, experience_id: str) -> Response:
-        experience = experience_get(experience_id=experience_id, agent_ids=allowed_agent_ids(request))
+        experience = experience_get(
+            experience_id=experience_id, agent_ids=allowed_agent_ids(request)
+        )
         experience_delete_many(queryset=type(experience).objects.filter(pk=experience.pk))
         return Response(status=status.HTTP_204_NO_CONTENT)
 
@@ -117,9 +124,10 @@ class TdErrorView(APIView):
         responses={200: s.TdErrorResultSerializer, 404: OpenApiResponse(), **ERRORS},
     )
     def put(self, request: Request) -> Response:
-        batch = isinstance(request.data, dict) and "updates" in request.data
-        if batch and isinstance(request.data["updates"], list):
-            if len(request.data["updates"]) > s.MAX_TD_UPDATES:
+        data = request.data
+        batch = isinstance(data, dict) and "updates" in data
+        if batch and isinstance(data["updates"], list):  # type: ignore[call-overload]
+            if len(data["updates"]) > s.MAX_TD_UPDATES:  # type: ignore[call-overload]
                 raise ValidationError({"updates": [f"At most {s.MAX_TD_UPDATES} updates."]})
         serializer = (s.TdErrorBatchSerializer if batch else s.TdErrorUpdateSerializer)(
             data=request.data
@@ -132,7 +140,10 @@ class TdErrorView(APIView):
         )
         if not batch and result.unknown_ids:
             return Response(
-                {"detail": f"No experience '{result.unknown_ids[0]}'.", "unknown_ids": result.unknown_ids},
+                {
+                    "detail": f"No experience '{result.unknown_ids[0]}'.",
+                    "unknown_ids": result.unknown_ids,
+                },
                 status=status.HTTP_404_NOT_FOUND,
             )
         return Response(s.TdErrorResultSerializer(result).data)
@@ -156,7 +167,9 @@ class ReplayView(APIView):
             ensure_agent_allowed(request, params["agent_id"])
         elif allowed is not None:
             if len(allowed) != 1:
-                raise ValidationError({"agent_id": ["Required: this key is limited to several agents."]})
+                raise ValidationError(
+                    {"agent_id": ["Required: this key is limited to several agents."]}
+                )
             params["agent_id"] = allowed[0]
         batch = replay_sample(**params)
         experience_mark_sampled(pks=[item.experience.pk for item in batch.items])

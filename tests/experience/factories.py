@@ -1,5 +1,8 @@
+from typing import Any
+
 import factory
 
+from experience.models import Experience
 from experience.services import experience_create_many
 
 
@@ -31,8 +34,17 @@ class ExperiencePayloadFactory(factory.DictFactory):
     reward = factory.Faker("pyfloat", min_value=-1, max_value=1)
 
 
-def store(**overrides):
+def experience_json(**overrides: Any) -> dict[str, Any]:
+    """A POST /experience/ body (typed as the dict DictFactory returns)."""
+    return ExperiencePayloadFactory(**overrides)  # type: ignore[return-value]
+
+
+def experience_jsons(count: int, **overrides: Any) -> list[dict[str, Any]]:
+    return [experience_json(**overrides) for _ in range(count)]
+
+
+def store(**overrides: Any) -> Experience:
     """Store one experience through the service, as the API would; return the model row."""
-    payload = ExperiencePayloadFactory(**overrides)
-    payload["experience_id"] = payload.pop("id")
-    return experience_create_many(items=[payload])[0].experience
+    item = experience_json(**overrides)
+    item["experience_id"] = item.pop("id")
+    return experience_create_many(items=[item])[0].experience

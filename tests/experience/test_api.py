@@ -8,13 +8,13 @@ from django.conf import settings
 from experience.models import Experience
 from experience.services import priority_from_td_error
 from ferrum_memory.core.services import api_key_create
-from tests.experience.factories import ExperiencePayloadFactory, store
+from tests.experience.factories import experience_json, experience_jsons, store
 
 pytestmark = pytest.mark.django_db
 
 
 def test_post_one_stores_it_at_max_priority(api_client):
-    payload = ExperiencePayloadFactory()
+    payload = experience_json()
     response = api_client.post("/experience/", payload, format="json")
     assert response.status_code == 201, response.json()
     body = response.json()
@@ -26,20 +26,20 @@ def test_post_one_stores_it_at_max_priority(api_client):
 
 
 def test_post_without_slash_works_too(api_client):
-    assert api_client.post("/experience", ExperiencePayloadFactory(), format="json").status_code == 201
+    assert api_client.post("/experience", experience_json(), format="json").status_code == 201
 
 
 def test_new_items_get_the_agents_current_max_priority(api_client):
     store(td_error=3.0)
     top = priority_from_td_error(3.0)
-    body = api_client.post("/experience/", ExperiencePayloadFactory(), format="json").json()
+    body = api_client.post("/experience/", experience_json(), format="json").json()
     assert body["priority"] == pytest.approx(top)
-    other_agent = ExperiencePayloadFactory(agent_id="agent-b")
+    other_agent = experience_json(agent_id="agent-b")
     assert api_client.post("/experience/", other_agent, format="json").json()["priority"] == 1.0
 
 
 def test_retry_with_the_same_id_returns_the_stored_row(api_client):
-    payload = ExperiencePayloadFactory()
+    payload = experience_json()
     first = api_client.post("/experience/", payload, format="json").json()
     retry = api_client.post("/experience/", {**payload, "reward": 0.123}, format="json")
     assert retry.status_code == 200
@@ -49,7 +49,7 @@ def test_retry_with_the_same_id_returns_the_stored_row(api_client):
 
 def test_id_of_another_agent_is_a_conflict_and_writes_nothing(api_client):
     store(id="taken", agent_id="agent-b")
-    batch = [ExperiencePayloadFactory(), ExperiencePayloadFactory(id="taken")]
+    batch = [experience_json(), experience_json(id="taken")]
     response = api_client.post("/experience/", batch, format="json")
     assert response.status_code == 409
     assert response.json()["experience_id"] == "taken"
@@ -57,11 +57,11 @@ def test_id_of_another_agent_is_a_conflict_and_writes_nothing(api_client):
 
 
 def test_post_a_list_stores_all_and_reports_retries(api_client):
-    batch = ExperiencePayloadFactory.create_batch(3)
+    batch = experience_jsons(3)
     response = api_client.post("/experience/", batch, format="json")
     assert response.status_code == 201
     assert response.json()["created"] == 3 and response.json()["existing"] == 0
-    again = api_client.post("/experience/", [*batch, ExperiencePayloadFactory()], format="json")
+    again = api_client.post("/experience/", [*batch, experience_json()], format="json")
     assert again.status_code == 201
     assert (again.json()["created"], again.json()["existing"]) == (1, 3)
     assert [item["id"] for item in again.json()["items"]][:3] == [p["id"] for p in batch]
@@ -69,7 +69,7 @@ def test_post_a_list_stores_all_and_reports_retries(api_client):
 
 
 def test_server_assigns_an_id_when_none_is_sent(api_client):
-    payload = ExperiencePayloadFactory()
+    payload = experience_json()
     del payload["id"]
     body = api_client.post("/experience/", payload, format="json").json()
     assert len(body["id"]) == 32
@@ -98,7 +98,7 @@ def test_server_assigns_an_id_when_none_is_sent(api_client):
     ],
 )
 def test_bad_input_gets_400_with_the_field_and_writes_nothing(api_client, change, field):
-    batch = [ExperiencePayloadFactory(), ExperiencePayloadFactory(**change)]
+    batch = [experience_json(), experience_json(**change)]
     response = api_client.post("/experience/", batch, format="json")
     assert response.status_code == 400, response.json()
     assert field in response.json()["1"], response.json()
@@ -107,27 +107,29 @@ def test_bad_input_gets_400_with_the_field_and_writes_nothing(api_client, change
 
 @pytest.mark.parametrize("literal", ["NaN", "Infinity", "-Infinity", "1e999"])
 def test_non_finite_numbers_get_400(api_client, literal):
-    body = json.dumps(ExperiencePayloadFactory(reward=0.0)).replace('"reward": 0.0', f'"reward": {literal}')
+    body = json.dumps(experience_json(reward=0.0)).replace('"reward": 0.0', f'"reward": {literal}')
     response = api_client.generic("POST", "/experience/", body, content_type="application/json")
     assert response.status_code == 400
     assert Experience.objects.count() == 0
 
 
 def test_malformed_json_gets_json_400(api_client):
-    response = api_client.generic("POST", "/experience/", "{not json", content_type="application/json")
+    response = api_client.generic(
+        "POST", "/experience/", "{not json", content_type="application/json"
+    )
     assert response.status_code == 400
     assert "JSON parse error" in response.json()["detail"]
 
 
 def test_lists_over_1000_or_empty_are_refused(api_client):
     assert api_client.post("/experience/", [], format="json").status_code == 400
-    batch = ExperiencePayloadFactory.create_batch(1001)
+    batch = experience_jsons(1001)
     assert api_client.post("/experience/", batch, format="json").status_code == 400
     assert Experience.objects.count() == 0
 
 
 def test_duplicate_ids_in_one_list_are_refused(api_client):
-    batch = [ExperiencePayloadFactory(id="same"), ExperiencePayloadFactory(id="same")]
+    batch = [experience_json(id="same"), experience_json(id="same")]
     response = api_client.post("/experience/", batch, format="json")
     assert response.status_code == 400 and "id" in response.json()
 
@@ -135,7 +137,10 @@ def test_duplicate_ids_in_one_list_are_refused(api_client):
 def test_get_list_and_delete(api_client):
     rows = [store(agent_id="agent-a"), store(agent_id="agent-b"), store(agent_id="agent-a")]
     body = api_client.get("/experience/", {"agent_id": "agent-a"}).json()
-    assert [item["id"] for item in body["results"]] == [rows[2].experience_id, rows[0].experience_id]
+    assert [item["id"] for item in body["results"]] == [
+        rows[2].experience_id,
+        rows[0].experience_id,
+    ]
     page = api_client.get("/experience/", {"page_size": 2}).json()
     assert len(page["results"]) == 2 and page["next"]
     assert len(api_client.get(page["next"]).json()["results"]) == 1
@@ -167,7 +172,10 @@ def test_td_error_update_one_and_many(api_client):
     assert a.td_error == -2.5
     assert a.priority == pytest.approx((2.5 + settings.REPLAY_EPSILON) ** settings.REPLAY_ALPHA)
 
-    updates = [{"experience_id": b.experience_id, "td_error": 0.5}, {"experience_id": "ghost", "td_error": 1}]
+    updates = [
+        {"experience_id": b.experience_id, "td_error": 0.5},
+        {"experience_id": "ghost", "td_error": 1},
+    ]
     response = api_client.put("/experience/td-error", {"updates": updates}, format="json")
     assert response.json() == {"updated": 1, "unknown_ids": ["ghost"]}
     b.refresh_from_db()
@@ -200,15 +208,21 @@ def test_bad_td_error_updates_get_400_and_write_nothing(api_client, body):
 
 def test_infinite_td_error_gets_400(api_client):
     row = store(td_error=0.1)
-    body = '{"experience_id": "%s", "td_error": 1e999}' % row.experience_id
-    response = api_client.generic("PUT", "/experience/td-error", body, content_type="application/json")
+    body = f'{{"experience_id": "{row.experience_id}", "td_error": 1e999}}'
+    response = api_client.generic(
+        "PUT", "/experience/td-error", body, content_type="application/json"
+    )
     assert response.status_code == 400 and "td_error" in response.json()
     row.refresh_from_db()
     assert row.td_error == 0.1
 
 
 def test_stats_summarise_the_buffer(api_client):
-    rows = [store(agent_id="a", td_error=0.5), store(agent_id="a"), store(agent_id="b", td_error=-2.0)]
+    rows = [
+        store(agent_id="a", td_error=0.5),
+        store(agent_id="a"),
+        store(agent_id="b", td_error=-2.0),
+    ]
     Experience.objects.filter(pk=rows[0].pk).update(times_sampled=3)
     body = api_client.get("/experience/stats").json()
     rewards = [r.reward for r in rows]
@@ -216,7 +230,7 @@ def test_stats_summarise_the_buffer(api_client):
     assert body["reward"]["mean"] == pytest.approx(statistics.fmean(rewards))
     assert body["reward"]["std"] == pytest.approx(statistics.pstdev(rewards))
     assert body["reward"]["min"] == min(rewards) and body["reward"]["max"] == max(rewards)
-    passed = [r.passed for r in rows]
+    passed = [bool(r.passed) for r in rows]
     assert body["pass_rate"] == pytest.approx(sum(passed) / len(passed))
     assert body["td_error"] == {"count": 2, "abs_mean": 1.25, "min": -2.0, "max": 0.5}
     assert body["priority"]["max"] == pytest.approx(max(r.priority for r in rows))
@@ -241,7 +255,9 @@ def test_replay_returns_items_with_probability_and_weight(api_client):
         assert item["probability"] == pytest.approx(0.2)
         assert item["weight"] == pytest.approx(1.0)
     again = api_client.get("/experience/replay", {"batch_size": 8, "seed": 1}).json()
-    assert [i["experience"]["id"] for i in again["items"]] == [i["experience"]["id"] for i in body["items"]]
+    assert [i["experience"]["id"] for i in again["items"]] == [
+        i["experience"]["id"] for i in body["items"]
+    ]
     assert sum(Experience.objects.values_list("times_sampled", flat=True)) == 16
 
 
@@ -279,9 +295,14 @@ def test_agent_limited_key_stays_in_its_agents(api_client):
     theirs = store(agent_id="agent-b")
     _, raw = api_key_create(name="limited", allowed_agent_ids=["agent-a"])
     api_client.credentials(HTTP_AUTHORIZATION=f"Bearer {raw}")
-    mine = ExperiencePayloadFactory(agent_id="agent-a")
+    mine = experience_json(agent_id="agent-a")
     assert api_client.post("/experience/", mine, format="json").status_code == 201
-    assert api_client.post("/experience/", ExperiencePayloadFactory(agent_id="agent-b"), format="json").status_code == 403
+    assert (
+        api_client.post(
+            "/experience/", experience_json(agent_id="agent-b"), format="json"
+        ).status_code
+        == 403
+    )
     assert api_client.get(f"/experience/{theirs.experience_id}").status_code == 404
     assert api_client.delete(f"/experience/{theirs.experience_id}").status_code == 404
     listed = api_client.get("/experience/").json()["results"]
@@ -293,7 +314,7 @@ def test_agent_limited_key_stays_in_its_agents(api_client):
     assert {i["experience"]["agent_id"] for i in replay["items"]} == {"agent-a"}
     assert api_client.get("/experience/replay", {"agent_id": "agent-b"}).status_code == 403
     # Trying the other agent's id gets 409, not its row: the id is taken, and nothing leaks.
-    taken = ExperiencePayloadFactory(id=theirs.experience_id, agent_id="agent-a")
+    taken = experience_json(id=theirs.experience_id, agent_id="agent-a")
     response = api_client.post("/experience/", taken, format="json")
     assert response.status_code == 409 and "task" not in response.json()
 
@@ -311,7 +332,7 @@ def test_read_only_key_can_read_but_not_write(api_client):
     _, raw = api_key_create(name="ro", read_only=True)
     api_client.credentials(HTTP_AUTHORIZATION=f"Bearer {raw}")
     assert api_client.get("/experience/stats").status_code == 200
-    assert api_client.post("/experience/", ExperiencePayloadFactory(), format="json").status_code == 403
+    assert api_client.post("/experience/", experience_json(), format="json").status_code == 403
     assert api_client.put("/experience/td-error", {"updates": []}, format="json").status_code == 403
 
 

@@ -324,3 +324,29 @@ def test_build_replaces_everything() -> None:
     check_against_model(index, dict(zip(keys.tolist(), prios.tolist(), strict=True)))
     index.upsert([5], np.array([2.0]))  # the rebuilt index keeps accepting writes
     assert len(index) == 100_001
+
+
+def test_payload_columns_follow_their_keys_through_updates_removals_and_growth() -> None:
+    index = PriorityIndex(capacity=2, payload=("created",))
+    index.upsert([1, 2, 3], [1.0, 2.0, 3.0], created=[10.0, 20.0, 30.0])
+    index.upsert([2, 2], [5.0, 6.0], created=[21.0, 22.0])  # last wins, payload too
+    index.remove([1])
+    index.upsert([4], [4.0], created=[40.0])  # reuses key 1's slot
+    keys, priorities = index.items()
+    by_key = dict(zip(keys.tolist(), index.payload("created").tolist(), strict=True))
+    assert by_key == {2: 22.0, 3: 30.0, 4: 40.0}
+    assert dict(zip(keys.tolist(), priorities.tolist(), strict=True)) == {2: 6.0, 3: 3.0, 4: 4.0}
+    index.build([7, 8, 7], [1.0, 1.0, 2.0], created=[70.0, 80.0, 71.0])
+    keys, _ = index.items()
+    assert dict(zip(keys.tolist(), index.payload("created").tolist(), strict=True)) == {
+        7: 71.0,
+        8: 80.0,
+    }
+
+
+def test_payload_must_name_exactly_the_declared_columns() -> None:
+    index = PriorityIndex(payload=("created",))
+    with pytest.raises(ValueError, match="payload must be exactly"):
+        index.upsert([1], [1.0])
+    with pytest.raises(ValueError, match="other lengths"):
+        index.upsert([1, 2], [1.0, 1.0], created=[1.0])

@@ -6,6 +6,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from experience.serializers import ExperienceInSerializer
 from experience.services import experience_create_many
 from experience.tau_bench import experiences_from_file
+from ferrum_memory.core.exceptions import ServiceError
 
 CHUNK = 500
 
@@ -15,8 +16,12 @@ class Command(BaseCommand):
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("file", type=Path)
-        parser.add_argument("--agent", help="Agent id to store them under (default: from the file name).")
-        parser.add_argument("--ttl", type=int, help="Seconds to keep them; 0 forever (default: DEFAULT_REPLAY_TTL).")
+        parser.add_argument(
+            "--agent", help="Agent id to store them under (default: from the file name)."
+        )
+        parser.add_argument(
+            "--ttl", type=int, help="Seconds to keep them; 0 forever (default: DEFAULT_REPLAY_TTL)."
+        )
 
     def handle(self, *args: Any, **options: Any) -> None:
         path: Path = options["file"]
@@ -35,5 +40,8 @@ class Command(BaseCommand):
             chunk = serializer.validated_data[start : start + CHUNK]
             for item in chunk:
                 item["experience_id"] = item.pop("id")
-            created += sum(result.created for result in experience_create_many(items=chunk))
+            try:
+                created += sum(result.created for result in experience_create_many(items=chunk))
+            except ServiceError as exc:
+                raise CommandError(exc.message) from exc
         self.stdout.write(f"{created} experiences imported, {len(items) - created} already there.")

@@ -1,0 +1,121 @@
+import pytest
+from django.conf import settings
+
+from experience.models import Experience, ExperienceTombstone
+from experience.replay_index import get_replay_index
+from experience.services import priority_from_td_error
+from tests.experience.factories import store
+
+pytestmark = pytest.mark.django_db
+CHANGELIST = "/admin/experience/experience/"
+
+
+def changelist_edit(admin_client, rows, **changes):
+    """POST the changelist's list_editable form, as the Save button does."""
+    data = {
+        "form-TOTAL_FORMS": str(len(rows)),
+        "form-INITIAL_FORMS": str(len(rows)),
+        "form-MIN_NUM_FORMS": "0",
+        "form-MAX_NUM_FORMS": "1000",
+        "_save": "Save",
+    }
+    for i, row in enumerate(rows):
+        edit = changes.get(row.experience_id, {})
+        data[f"form-{i}-id"] = str(row.pk)
+        data[f"form-{i}-td_error"] = str(
+            edit.get("td_error", "" if row.td_error is None else row.td_error)
+        )
+        data[f"form-{i}-priority"] = str(edit.get("priority", row.priority))
+    return admin_client.post(CHANGELIST, data)
+
+
+def test_changelist_shows_and_filters(admin_client):
+    booked = store(agent_id="a", task="book a flight " * 20, reward=1.0)
+    store(agent_id="b", task="cancel a reservation", reward=-0.5)
+    Experience.objects.filter(pk=booked.pk).update(times_sampled=1)
+    page = admin_client.get(CHANGELIST).content.decode()
+    assert "book a flight" in page and "…" in page
+    for query in ("?reward_sign=negative", "?sampled=no", "?agent_id=b", "?q=cancel"):
+        page = admin_client.get(CHANGELIST + query).content.decode()
+        assert "cancel a reservation" in page and "book a flight" not in page, query
+    assert "book a flight" in admin_client.get(CHANGELIST + "?sampled=yes").content.decode()
+    assert (
+        "cancel a reservation" not in admin_client.get(CHANGELIST + "?sampled=yes").content.decode()
+    )
+    assert (
+        "cancel a reservation"
+        not in admin_client.get(CHANGELIST + "?reward_sign=positive").content.decode()
+    )
+    assert (
+        "cancel a reservation"
+        not in admin_client.get(CHANGELIST + "?reward_sign=zero").content.decode()
+    )
+
+
+def test_detail_shows_tool_calls_readably(admin_client):
+    row = store(tool_calls=[{"name": "search_flights", "arguments": {"origin": "JFK"}}])
+    page = admin_client.get(f"{CHANGELIST}{row.pk}/change/").content.decode()
+    assert "<pre>[\n  {\n    &quot;name&quot;: &quot;search_flights&quot;" in page
+
+
+def test_list_edits_go_through_services_and_reach_the_next_replay(admin_client):
+    rows = [store(td_error=1.0), store(td_error=1.0)]
+    index = get_replay_index()
+    index.catch_up()
+    response = changelist_edit(
+        admin_client,
+        rows,
+        **{rows[0].experience_id: {"priority": 42.0}, rows[1].experience_id: {"td_error": 3.0}},
+    )
+    assert response.status_code == 302, response.content.decode()[:2000]
+    index.catch_up()
+    assert index.priorities() == {
+        rows[0].pk: 42.0,
+        rows[1].pk: pytest.approx(priority_from_td_error(3.0)),
+    }
+
+
+def test_actions_reset_recompute_and_delete(admin_client):
+    rows = [store(td_error=2.0), store(td_error=0.5), store()]
+    index = get_replay_index()
+    Experience.objects.filter(pk=rows[1].pk).update(priority=7.0)  # an earlier override
+
+    def act(action, selected):
+        return admin_client.post(
+            CHANGELIST,
+            {"action": action, "_selected_action": [r.pk for r in selected]},
+            follow=True,
+        )
+
+    assert (
+        "Recomputed the priority of 1"
+        in act("recompute_priority", [rows[1], rows[2]]).content.decode()
+    )
+    assert Experience.objects.get(pk=rows[1].pk).priority == pytest.approx(
+        priority_from_td_error(0.5)
+    )
+
+    act("reset_priority_to_max", [rows[1]])
+    top = priority_from_td_error(2.0)
+    assert Experience.objects.get(pk=rows[1].pk).priority == pytest.approx(top)
+
+    index.catch_up()
+    assert "Deleted 1" in act("delete_selected_experiences", [rows[0]]).content.decode()
+    assert ExperienceTombstone.objects.filter(experience_pk=rows[0].pk).exists()
+    index.catch_up()
+    assert set(index.priorities()) == {rows[1].pk, rows[2].pk}
+    assert index.priorities()[rows[1].pk] == pytest.approx(top)
+
+
+def test_delete_from_the_detail_page_leaves_a_tombstone(admin_client):
+    row = store()
+    response = admin_client.post(f"{CHANGELIST}{row.pk}/delete/", {"post": "yes"})
+    assert response.status_code == 302
+    assert not Experience.objects.exists()
+    assert ExperienceTombstone.objects.filter(experience_pk=row.pk).exists()
+
+
+def test_no_add_button_and_no_plain_bulk_delete(admin_client):
+    assert admin_client.get(CHANGELIST + "add/").status_code == 403
+    assert 'value="delete_selected"' not in admin_client.get(CHANGELIST).content.decode()
+    assert settings.REPLAY_ALPHA > 0

@@ -51,3 +51,13 @@ def _clear_cache():
     from django.core.cache import cache
 
     cache.clear()
+
+
+def pytest_sessionfinish(session, exitstatus):
+    # The test settings put the data folder in a fresh temporary directory; leave none behind.
+    import shutil
+
+    from django.conf import settings
+
+    if settings.configured and settings.DATA_DIR.name.startswith("ferrum-test-"):
+        shutil.rmtree(settings.DATA_DIR, ignore_errors=True)

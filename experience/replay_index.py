@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ferrum_memory.core.revisions import revision_state
+from ferrum_memory.core.revisions import revision_changes
 
 from .models import Experience, ExperienceTombstone
 from .sumtree import Float64Array, Int64Array, PriorityIndex, importance_weights, sample_weights
@@ -20,6 +20,7 @@ from .sumtree import Float64Array, Int64Array, PriorityIndex, importance_weights
 REVISION = "experience"
 ALL_AGENTS = ""  # the buffer key of the tree over every agent
 PAYLOAD = ("created", "expires")
+ROW_FIELDS = ("id", "agent_id", "priority", "created_at", "expires_at")
 FOREVER = np.inf
 
 
@@ -56,36 +57,23 @@ class ReplayIndex:
             self._catch_up()
 
     def _catch_up(self) -> None:
-        # `upper` is a committed revision, so every revision up to it is committed too: reading
-        # (cursor, upper] can never skip a write that commits later with a smaller revision.
-        upper, purged_through = revision_state(name=REVISION)
-        if self.cursor < 0 or self.cursor < purged_through or upper < self.cursor:
-            self._rebuild(upper)
-            return
-        if upper == self.cursor:
-            return
-        rows = Experience.objects.filter(revision__gt=self.cursor, revision__lte=upper)
-        changed = list(rows.values_list("id", "agent_id", "priority", "created_at", "expires_at"))
-        gone = list(
-            ExperienceTombstone.objects.filter(
-                revision__gt=self.cursor, revision__lte=upper
-            ).values_list("experience_pk", "agent_id")
+        changes = revision_changes(
+            name=REVISION,
+            cursor=self.cursor,
+            rows=Experience.objects.all(),
+            tombstones=ExperienceTombstone.objects.all(),
         )
-        self._apply(changed, gone)
-        self.cursor = upper
-
-    def _rebuild(self, upper: int) -> None:
-        # Rows changed after `upper` are left out here and read by the next catch-up.
-        rows = list(
-            Experience.objects.filter(revision__lte=upper).values_list(
-                "id", "agent_id", "priority", "created_at", "expires_at"
-            )
-        )
-        self._buffers = {}
-        self._next_expiry = {}
-        if rows:
-            self._upsert(rows, rebuild=True)
-        self.cursor = upper
+        if changes is None:
+            return
+        changed = list(changes.changed.values_list(*ROW_FIELDS))
+        if changes.rebuild:
+            self._buffers = {}
+            self._next_expiry = {}
+            if changed:
+                self._upsert(changed, rebuild=True)
+        else:
+            self._apply(changed, list(changes.gone.values_list("experience_pk", "agent_id")))
+        self.cursor = changes.upper
 
     def _apply(self, changed: list[tuple], gone: list[tuple[int, str]]) -> None:
         by_agent: dict[str, list[int]] = {}

@@ -1,7 +1,10 @@
 """Revisions: how derived indexes (replay trees, vector index) follow the DB."""
 
+from dataclasses import dataclass
+from typing import Any
+
 from django.db import transaction
-from django.db.models import F
+from django.db.models import F, QuerySet
 
 from .models import RevisionCounter
 
@@ -30,3 +33,33 @@ def revision_mark_purged(*, name: str, through: int) -> None:
     RevisionCounter.objects.filter(name=name, purged_through__lt=through).update(
         purged_through=through
     )
+
+
+@dataclass(frozen=True)
+class ChangeSet:
+    """What an index must apply to reach revision `upper`: the rows to upsert and the
+    tombstones to delete, or, when `rebuild`, every row (and it must drop what it had)."""
+
+    upper: int
+    rebuild: bool
+    changed: QuerySet[Any]
+    gone: QuerySet[Any]
+
+
+def revision_changes(
+    *, name: str, cursor: int, rows: QuerySet[Any], tombstones: QuerySet[Any]
+) -> ChangeSet | None:
+    """The changes after `cursor` (an index's last applied revision; -1 when never built), or
+    None when there are none. Both querysets need a `revision` field.
+
+    `upper` is a committed revision, so every revision up to it is committed too: reading
+    (cursor, upper] never skips a write that commits later with a smaller revision. A cursor
+    behind the purged tombstones, or ahead of the DB (a restored or reset DB), means rebuild.
+    """
+    upper, purged_through = revision_state(name=name)
+    if cursor < 0 or cursor < purged_through or upper < cursor:
+        return ChangeSet(upper, True, rows.filter(revision__lte=upper), tombstones.none())
+    if upper == cursor:
+        return None
+    window = {"revision__gt": cursor, "revision__lte": upper}
+    return ChangeSet(upper, False, rows.filter(**window), tombstones.filter(**window))

@@ -24,6 +24,7 @@ install-dev: $(VENV)/.installed-dev
 run: install
 	$(BIN)/python manage.py migrate --noinput
 	$(BIN)/python manage.py collectstatic --noinput --verbosity 0
+	$(BIN)/python manage.py init_broker
 	@echo "Dev API key for this run: $$($(BIN)/python manage.py create_api_key dev --rotate)"
 	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/honcho start
 

@@ -2,12 +2,17 @@ import json
 from typing import Any
 
 from django.contrib import admin, messages
+from django.core.exceptions import PermissionDenied
 from django.db.models import QuerySet
 from django.forms import ModelForm
 from django.http import HttpRequest
+from django.template.response import TemplateResponse
+from django.urls import URLPattern, path
 from django.utils.html import format_html
 
-from .models import Experience
+from .dashboard import dashboard_context
+from .dream_services import dream_cycle_delete_many, dream_cycle_release
+from .models import DreamCycle, DreamCycleItem, Experience
 from .services import (
     experience_curate,
     experience_delete_many,
@@ -154,3 +159,97 @@ class ExperienceAdmin(admin.ModelAdmin):
     ) -> None:
         count = experience_delete_many(queryset=queryset)
         self.message_user(request, f"Deleted {count} experiences.", messages.SUCCESS)
+
+
+class DreamCycleItemInline(admin.TabularInline):
+    model = DreamCycleItem
+    fields = (
+        "position",
+        "experience_id",
+        "probability",
+        "weight",
+        "td_error_before",
+        "td_error_after",
+    )
+    readonly_fields = fields
+    extra = 0
+    can_delete = False
+
+    def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+
+@admin.register(DreamCycle)
+class DreamCycleAdmin(admin.ModelAdmin):
+    """Cycles are made by the beat and completed by learners: shown, released or deleted here.
+
+    The replay dashboard hangs off this page (dashboard/), linked from its object tools."""
+
+    list_display = (
+        "id",
+        "agent_id",
+        "number",
+        "status",
+        "strategy",
+        "beta",
+        "buffer_size",
+        "created_at",
+        "claimed_by",
+        "lease_until",
+        "completed_at",
+    )
+    list_filter = ("status", "strategy", "agent_id")
+    search_fields = ("agent_id", "claimed_by")
+    ordering = ("-id",)
+    show_full_result_count = False
+    inlines = (DreamCycleItemInline,)
+    # Django's "delete selected" stays: it confirms, then calls delete_queryset (the service).
+    actions = ("release_lease",)
+    exclude = ("lease_token",)
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False  # cycles come from the beat or `manage.py dream`
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False  # a recorded draw is history; the view permission shows it read-only
+
+    def delete_model(self, request: HttpRequest, obj: DreamCycle) -> None:
+        dream_cycle_delete_many(queryset=DreamCycle.objects.filter(pk=obj.pk))
+
+    def delete_queryset(self, request: HttpRequest, queryset: QuerySet[DreamCycle]) -> None:
+        dream_cycle_delete_many(queryset=queryset)
+
+    def has_release_permission(self, request: HttpRequest) -> bool:
+        # The form stays read-only for everyone; releasing a lease needs the change permission.
+        return request.user.has_perm("experience.change_dreamcycle")
+
+    @admin.action(
+        description="Release the lease (the next claim takes the cycle)", permissions=["release"]
+    )
+    def release_lease(self, request: HttpRequest, queryset: QuerySet[DreamCycle]) -> None:
+        count = dream_cycle_release(queryset=queryset)
+        self.message_user(request, f"Released {count} claimed cycles.")
+
+    def get_urls(self) -> list[URLPattern]:
+        dashboard = path(
+            "dashboard/",
+            self.admin_site.admin_view(self.dashboard_view),
+            name="experience_replay_dashboard",
+        )
+        return [dashboard, *super().get_urls()]
+
+    def dashboard_view(self, request: HttpRequest) -> TemplateResponse:
+        if not self.has_view_permission(request):
+            raise PermissionDenied
+        agent_id = request.GET.get("agent_id") or None
+        return TemplateResponse(
+            request,
+            "admin/experience/replay_dashboard.html",
+            {
+                **self.admin_site.each_context(request),
+                "title": "Replay dashboard" + (f": {agent_id}" if agent_id else ""),
+                "opts": self.model._meta,
+                "agent_id": agent_id or "",
+                **dashboard_context(agent_id=agent_id),
+            },
+        )

@@ -1,4 +1,6 @@
 from django.apps import AppConfig
+from django.conf import settings
+from django.core.exceptions import ImproperlyConfigured
 
 PURGE_EVERY_SECONDS = 600
 
@@ -18,6 +20,29 @@ class ExperienceConfig(AppConfig):
             task="experience.purge_expired",
             every_seconds=PURGE_EVERY_SECONDS,
         )
+        check_dream_settings()
+        register_default_schedule(
+            name="experience: dream cycles",
+            task="experience.dream_cycles",
+            every_seconds=settings.DREAM_INTERVAL_SECONDS,
+        )
         register_stats("experience")(
             lambda agent_ids: {"count": experience_visible(agent_ids=agent_ids).count()}
         )
+
+
+def check_dream_settings() -> None:
+    """Fail at start-up, in every process, rather than sample with a setting that makes no sense
+    (the replay index would treat an unknown strategy as uniform)."""
+    if settings.DREAM_STRATEGY not in ("prioritized", "recency", "uniform"):
+        raise ImproperlyConfigured("DREAM_STRATEGY must be prioritized, recency or uniform.")
+    if not 0 <= settings.DREAM_BETA0 <= 1:
+        raise ImproperlyConfigured("DREAM_BETA0 must be between 0 and 1.")
+    from .serializers import MAX_REPLAY_BATCH  # a learner reports at most this many TD errors
+
+    if not 1 <= settings.DREAM_BATCH_SIZE <= MAX_REPLAY_BATCH or settings.DREAM_HALF_LIFE <= 0:
+        raise ImproperlyConfigured(
+            f"DREAM_BATCH_SIZE must be 1 to {MAX_REPLAY_BATCH} and DREAM_HALF_LIFE > 0."
+        )
+    if settings.DREAM_INTERVAL_SECONDS < 1 or settings.DREAM_LEASE_SECONDS < 1:
+        raise ImproperlyConfigured("DREAM_INTERVAL_SECONDS and DREAM_LEASE_SECONDS must be >= 1.")

@@ -55,3 +55,82 @@ class ExperienceTombstone(models.Model):
 
     def __str__(self) -> str:
         return f"tombstone {self.experience_pk}@{self.revision}"
+
+
+class DreamCycle(models.Model):
+    """One replay batch drawn on schedule for an agent, handed to a learner over the API.
+
+    pending -> claimed (a learner holds a lease) -> completed (it reported TD errors). A claim
+    whose lease ran out may be taken over by another learner.
+    """
+
+    class Status(models.TextChoices):
+        PENDING = "pending"
+        CLAIMED = "claimed"
+        COMPLETED = "completed"
+
+    agent_id = models.CharField(max_length=256)
+    # The agent's cycle count, from 1: beta is annealed along it.
+    number = models.PositiveIntegerField()
+    status = models.CharField(max_length=16, choices=Status.choices, default=Status.PENDING)
+    strategy = models.CharField(max_length=16)
+    alpha = models.FloatField()
+    beta = models.FloatField()
+    # The seed of the draw and the buffer size it was drawn from, to explain a batch later.
+    seed = models.BigIntegerField()
+    buffer_size = models.PositiveIntegerField()
+    created_at = models.DateTimeField()
+    claimed_by = models.CharField(max_length=256, blank=True, default="")
+    claimed_at = models.DateTimeField(null=True, blank=True)
+    lease_until = models.DateTimeField(null=True, blank=True)
+    # A new random token per claim: only the current holder of the lease may complete it.
+    lease_token = models.CharField(max_length=64, blank=True, default="", editable=False)
+    claim_count = models.PositiveIntegerField(default=0)
+    completed_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        indexes = [models.Index(fields=["agent_id", "status", "id"], name="dream_agent_status")]
+        constraints = [
+            models.UniqueConstraint(fields=["agent_id", "number"], name="dream_agent_number"),
+            models.CheckConstraint(condition=Q(beta__gte=0, beta__lte=1), name="dream_beta_0_1"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.agent_id} #{self.number}"
+
+
+class DreamCycleItem(models.Model):
+    """One draw of a cycle. Sampling is with replacement, so an experience may appear twice."""
+
+    cycle = models.ForeignKey(DreamCycle, on_delete=models.CASCADE, related_name="items")
+    position = models.PositiveIntegerField()
+    # Not a foreign key: the history of a cycle outlives the experiences the TTL purges, and
+    # purging stays a fast bulk delete with no related rows to visit.
+    experience_pk = models.BigIntegerField(db_index=True)
+    experience_id = models.CharField(max_length=256)
+    probability = models.FloatField()
+    weight = models.FloatField(help_text="Importance-sampling weight, max-normalised.")
+    td_error_before = models.FloatField(null=True, blank=True)
+    td_error_after = models.FloatField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["cycle", "position"]
+        constraints = [
+            models.UniqueConstraint(fields=["cycle", "position"], name="dream_item_position"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.cycle} [{self.position}] {self.experience_id}"
+
+
+class DreamLock(models.Model):
+    """A named lease in the DB so that two dream runs never overlap, across processes and
+    machines; it expires on its own if its holder dies. (The file cache of the embedded mode
+    has no atomic add, so a cache lock would not be safe there.)"""
+
+    name = models.CharField(max_length=50, primary_key=True)
+    holder = models.CharField(max_length=64, blank=True, default="")
+    until = models.DateTimeField(null=True, blank=True)
+
+    def __str__(self) -> str:
+        return f"{self.name} until {self.until}"

@@ -197,6 +197,12 @@ SPECTACULAR_SETTINGS = {
     "SWAGGER_UI_DIST": "SIDECAR",
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
     "REDOC_DIST": "SIDECAR",
+    # Two `status` enums in the schema (a dream cycle's, and /health's ok/error): named here,
+    # or drf-spectacular warns and hashes the names.
+    "ENUM_NAME_OVERRIDES": {
+        "DreamCycleStatusEnum": "experience.models.DreamCycle.Status",
+        "StatusEnum": ["ok", "error"],
+    },
 }
 
 # LOGGING
@@ -215,3 +221,21 @@ REPLAY_BETA = env.float("REPLAY_BETA", default=0.4)
 REPLAY_EPSILON = env.float("REPLAY_EPSILON", default=1e-6)
 # Tombstones older than this are purged; a replay index that fell further behind rebuilds.
 REPLAY_TOMBSTONE_RETENTION = env.int("REPLAY_TOMBSTONE_RETENTION", default=3600)
+
+# DREAM CYCLES (scheduled replay handed to a learner; see experience/dream_services.py)
+# ------------------------------------------------------------------------------
+# An agent gets a cycle on each run once it holds at least this many sampleable experiences.
+DREAM_MIN_EXPERIENCES = env.int("DREAM_MIN_EXPERIENCES", default=64)
+DREAM_BATCH_SIZE = env.int("DREAM_BATCH_SIZE", default=32)
+DREAM_STRATEGY = env.str("DREAM_STRATEGY", default="prioritized")
+# Seconds, for the recency strategy: an item this old weighs half a new one.
+DREAM_HALF_LIFE = env.float("DREAM_HALF_LIFE", default=3600.0)
+# Beta goes linearly from DREAM_BETA0 (an agent's first cycle) to 1 over this many cycles.
+DREAM_BETA0 = env.float("DREAM_BETA0", default=REPLAY_BETA)
+DREAM_BETA_ANNEAL_CYCLES = env.int("DREAM_BETA_ANNEAL_CYCLES", default=1000)
+DREAM_LEASE_SECONDS = env.int("DREAM_LEASE_SECONDS", default=300)
+# An agent with this many cycles not yet completed gets no new one until a learner catches up
+# (0: no limit), so a buffer nobody learns from is not sampled forever.
+DREAM_MAX_PENDING = env.int("DREAM_MAX_PENDING", default=10)
+# The default beat schedule; once created it is edited in the admin, not here.
+DREAM_INTERVAL_SECONDS = env.int("DREAM_INTERVAL_SECONDS", default=300)

@@ -149,3 +149,15 @@ def test_admin_edits_an_existing_key_without_changing_its_hash(admin_client):
     assert response.status_code == 302
     edited = ApiKey.objects.get(pk=api_key.pk)
     assert (edited.name, edited.read_only, edited.key_hash) == ("renamed", True, api_key.key_hash)
+
+
+def test_init_broker_declares_the_default_queue(capsys, settings):
+    call_command("init_broker")
+    assert "Broker ready" in capsys.readouterr().out
+    if settings.CELERY_BROKER_URL.startswith("sqla+sqlite:///"):
+        import sqlite3
+
+        path = settings.CELERY_BROKER_URL.removeprefix("sqla+sqlite:///")
+        with sqlite3.connect(path) as broker:
+            names = [row[0] for row in broker.execute("SELECT name FROM kombu_queue")]
+        assert "celery" in names

@@ -25,4 +25,5 @@ urlpatterns = [
     path("docs", SpectacularSwaggerView.as_view(url_name="openapi", **_public), name="docs"),
     path("admin/", admin.site.urls),
     path("", include("experience.urls")),
+    path("", include("memory.urls")),
 ]

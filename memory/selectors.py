@@ -1,0 +1,96 @@
+"""Every non-trivial read of long-term memory."""
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+from uuid import UUID
+
+from django.db.models import Count, Q, QuerySet
+from django.utils import timezone
+
+from ferrum_memory.core.exceptions import NotFound
+
+from .embeddings import get_embedder, get_reranker
+from .models import MemoryItem
+from .vector_index import SearchFilter, get_vector_index
+
+# Candidates a reranker reorders, per result asked for.
+RERANK_POOL = 3
+
+
+def memory_visible(
+    *, agent_ids: Sequence[str] | None = None, now: datetime | None = None
+) -> QuerySet[MemoryItem]:
+    now = now or timezone.now()
+    queryset = MemoryItem.objects.filter(Q(expires_at__isnull=True) | Q(expires_at__gt=now))
+    return queryset if agent_ids is None else queryset.filter(agent_id__in=agent_ids)
+
+
+def memory_get(*, point_id: UUID | str, agent_ids: Sequence[str] | None = None) -> MemoryItem:
+    item = memory_visible(agent_ids=agent_ids).filter(pk=point_id).first()
+    if item is None:
+        raise NotFound(f"No memory item '{point_id}'.")
+    return item
+
+
+@dataclass(frozen=True)
+class MemoryHit:
+    item: MemoryItem
+    score: float
+
+
+def memory_search(
+    *,
+    query: str,
+    agent_id: str,
+    limit: int = 10,
+    mode: str = "hybrid",
+    kinds: Sequence[str] = (),
+    tags: Sequence[str] = (),
+    session_id: str = "",
+    created_after: datetime | None = None,
+    created_before: datetime | None = None,
+    min_importance: float | None = None,
+    rerank: bool = False,
+) -> list[MemoryHit]:
+    """Hybrid (dense + BM25, weighted RRF), dense or sparse search of one agent's memories."""
+    reranker = get_reranker() if rerank else None
+    now = timezone.now()
+    embedder = get_embedder()
+    flt = SearchFilter(
+        agent_id=agent_id,
+        now=now.timestamp(),
+        kinds=list(kinds),
+        tags=list(tags),
+        session_id=session_id,
+        created_after=created_after.timestamp() if created_after else None,
+        created_before=created_before.timestamp() if created_before else None,
+        min_importance=min_importance,
+    )
+    pool = limit * RERANK_POOL if reranker else limit
+    hits = get_vector_index().search(
+        mode=mode,
+        dense=embedder.embed_query(query).tolist() if mode != "sparse" else [],
+        sparse=embedder.sparse_query(query),
+        flt=flt,
+        limit=pool,
+    )
+    rows = memory_visible(now=now).filter(agent_id=agent_id).in_bulk([pk for pk, _ in hits])
+    found = [MemoryHit(rows[pk], score) for pk, score in hits if pk in rows]
+    if reranker is not None and found:
+        scores = list(reranker.rerank(query, [hit.item.content for hit in found]))
+        found = sorted(
+            (MemoryHit(hit.item, float(score)) for hit, score in zip(found, scores, strict=True)),
+            key=lambda hit: hit.score,
+            reverse=True,
+        )
+    return found[:limit]
+
+
+def memory_stats(agent_ids: Sequence[str] | None) -> dict[str, Any]:
+    queryset = memory_visible(agent_ids=agent_ids)
+    by_kind = dict(
+        queryset.values("kind").annotate(n=Count("id")).order_by().values_list("kind", "n")
+    )
+    return {"count": sum(by_kind.values()), "count_by_kind": by_kind}

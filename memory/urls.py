@@ -1,0 +1,9 @@
+from django.urls import path
+
+from . import views
+
+urlpatterns = [
+    path("memory/store", views.MemoryStoreView.as_view(), name="memory-store"),
+    path("memory/search", views.MemorySearchView.as_view(), name="memory-search"),
+    path("memory/<uuid:point_id>", views.MemoryDetailView.as_view(), name="memory-detail"),
+]

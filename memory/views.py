@@ -1,0 +1,94 @@
+from uuid import UUID
+
+from drf_spectacular.utils import (
+    OpenApiParameter,
+    OpenApiResponse,
+    PolymorphicProxySerializer,
+    extend_schema,
+)
+from rest_framework import status
+from rest_framework.exceptions import ValidationError
+from rest_framework.request import Request
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from ferrum_memory.core.permissions import allowed_agent_ids, ensure_agent_allowed
+
+from . import serializers as s
+from .selectors import memory_get, memory_search
+from .services import memory_delete_many, memory_store_many
+
+ERRORS = {400: OpenApiResponse(description="Invalid input, with errors per field.")}
+
+
+class MemoryStoreView(APIView):
+    @extend_schema(
+        request=PolymorphicProxySerializer(
+            component_name="MemoryStore",
+            serializers=[s.MemoryInSerializer, s.MemoryInSerializer(many=True)],
+            resource_type_field_name=None,
+            many=False,
+        ),
+        responses={
+            201: PolymorphicProxySerializer(
+                component_name="MemoryStored",
+                serializers=[s.StoredMemorySerializer, s.StoredMemoryBatchSerializer],
+                resource_type_field_name=None,
+                many=False,
+            ),
+            503: OpenApiResponse(description="The embedding model changed: run memory_reindex."),
+            **ERRORS,
+        },
+    )
+    def post(self, request: Request) -> Response:
+        many = isinstance(request.data, list)
+        if many and not 1 <= len(request.data) <= s.MAX_BATCH:
+            raise ValidationError({"non_field_errors": [f"Send 1 to {s.MAX_BATCH} memory items."]})
+        serializer = s.MemoryInSerializer(data=request.data, many=many)
+        serializer.is_valid(raise_exception=True)
+        items = serializer.validated_data if many else [serializer.validated_data]
+        for item in items:
+            ensure_agent_allowed(request, item["agent_id"])
+        stored = memory_store_many(items=items)
+        if not many:
+            return Response(
+                s.StoredMemorySerializer(stored[0]).data, status=status.HTTP_201_CREATED
+            )
+        return Response(
+            s.StoredMemoryBatchSerializer({"items": stored}).data, status=status.HTTP_201_CREATED
+        )
+
+
+class MemoryDetailView(APIView):
+    @extend_schema(responses={200: s.MemoryOutSerializer, 404: OpenApiResponse()})
+    def get(self, request: Request, point_id: UUID) -> Response:
+        return Response(
+            s.MemoryOutSerializer(
+                memory_get(point_id=point_id, agent_ids=allowed_agent_ids(request))
+            ).data
+        )
+
+    @extend_schema(responses={204: None, 404: OpenApiResponse()})
+    def delete(self, request: Request, point_id: UUID) -> Response:
+        item = memory_get(point_id=point_id, agent_ids=allowed_agent_ids(request))
+        memory_delete_many(queryset=type(item).objects.filter(pk=item.pk))
+        return Response(status=status.HTTP_204_NO_CONTENT)
+
+
+class MemorySearchView(APIView):
+    @extend_schema(
+        request=s.MemorySearchSerializer,
+        parameters=[
+            OpenApiParameter(
+                "rerank", bool, description="Rerank with the configured cross-encoder."
+            )
+        ],
+        responses={200: s.MemorySearchOutSerializer, **ERRORS},
+    )
+    def post(self, request: Request) -> Response:
+        serializer = s.MemorySearchSerializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        ensure_agent_allowed(request, serializer.validated_data["agent_id"])
+        rerank = request.query_params.get("rerank", "false").lower() in {"1", "true", "yes"}
+        hits = memory_search(**serializer.validated_data, rerank=rerank)
+        return Response(s.MemorySearchOutSerializer({"results": hits}).data)

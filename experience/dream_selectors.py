@@ -11,7 +11,7 @@ from django.db.models.functions import Abs, Trunc
 from ferrum_memory.core.exceptions import NotFound
 
 from .models import DreamCycle, Experience
-from .selectors import experience_visible
+from .selectors import experience_in_bulk, experience_visible
 
 HISTOGRAM_BINS = 20
 MAX_TIME_BUCKETS = 48
@@ -57,8 +57,7 @@ def dream_cycle_get(*, cycle_id: int, agent_ids: Sequence[str] | None = None) ->
 
 def dream_cycle_experiences(*, cycle: DreamCycle) -> dict[int, Experience]:
     """The cycle's experiences that still exist, by pk (the TTL purge may have deleted some)."""
-    pks = cycle.items.values_list("experience_pk", flat=True)
-    return Experience.objects.in_bulk(list(pks))
+    return experience_in_bulk(cycle.items.values_list("experience_pk", flat=True))
 
 
 # The replay dashboard ------------------------------------------------------------------------

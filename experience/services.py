@@ -1,6 +1,7 @@
 """Every write to the replay buffer. Each write transaction takes one "experience" revision,
 so every process's replay index sees the change on its next request."""
 
+import logging
 import math
 from collections import Counter
 from collections.abc import Iterable, Sequence
@@ -9,11 +10,13 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from django.conf import settings
-from django.db import transaction
-from django.db.models import F, Max, QuerySet
+from django.db import DatabaseError, transaction
+from django.db.models import F, Field, JSONField, Max, QuerySet
 from django.utils import timezone
+from kombu.exceptions import OperationalError
 
 from ferrum_memory.core.exceptions import Conflict
+from ferrum_memory.core.renderers import json_bytes
 from ferrum_memory.core.revisions import revision_mark_purged, revision_take
 
 from .models import Experience, ExperienceTombstone
@@ -23,6 +26,8 @@ REVISION = "experience"
 INITIAL_MAX_PRIORITY = 1.0
 PURGE_CHUNK = 5_000
 
+logger = logging.getLogger(__name__)
+
 
 def priority_from_td_error(td_error: float) -> float:
     """p_i = (|delta_i| + eps) ** alpha under the configured alpha."""
@@ -30,13 +35,15 @@ def priority_from_td_error(td_error: float) -> float:
 
 
 def _agent_max_priorities(agent_ids: Iterable[str]) -> dict[str, float]:
-    rows = (
-        Experience.objects.filter(agent_id__in=set(agent_ids))
-        .values("agent_id")
-        .annotate(top=Max("priority"))
-        .values_list("agent_id", "top")
-    )
-    return dict(rows)
+    """{agent_id: its max priority} for agents that have experiences.
+
+    One query per agent: each reads one entry of the (agent_id, priority) index, where a single
+    GROUP BY over the agents scanned all their index entries (1.6 s at 10^6 rows)."""
+    tops = {
+        agent: Experience.objects.filter(agent_id=agent).aggregate(top=Max("priority"))["top"]
+        for agent in set(agent_ids)
+    }
+    return {agent: top for agent, top in tops.items() if top is not None}
 
 
 @dataclass(frozen=True)
@@ -65,15 +72,52 @@ def experience_create_many(
                 experience_id=stored.experience_id,
             )
     new_items = [item for item in items if item.get("experience_id") not in existing]
-    max_priority = _agent_max_priorities(item["agent_id"] for item in new_items)
+    max_priority = _agent_max_priorities(
+        item["agent_id"] for item in new_items if item.get("td_error") is None
+    )
     rows = [_new_row(item, revision, now, max_priority) for item in new_items]
-    created = {row.experience_id: row for row in Experience.objects.bulk_create(rows)}
+    _insert(rows)
+    created = {row.experience_id: row for row in rows}
     return [
         StoredExperience(existing[item["experience_id"]], False)
         if item.get("experience_id") in existing
         else StoredExperience(created[item["experience_id"]], True)
         for item in items
     ]
+
+
+def _insert(rows: list[Experience]) -> None:
+    """Experience.objects.bulk_create(rows), by COPY on PostgreSQL: there bulk_create spent
+    200 ms of each 1,000 rows in psycopg's pure-Python array dumper, escaping the JSON columns
+    into array literals (Django 5.2 inserts through UNNEST of arrays)."""
+    db = transaction.get_connection()
+    if db.vendor != "postgresql" or len(rows) < 2:
+        Experience.objects.bulk_create(rows)
+        return
+    meta = Experience._meta
+    fields = meta.concrete_fields
+
+    def prepared(field: Field, value: Any) -> Any:
+        if isinstance(field, JSONField):  # JSON text for a jsonb column, by orjson
+            return None if value is None else json_bytes(value).decode()
+        return field.get_db_prep_save(value, db)
+
+    columns = ", ".join(db.ops.quote_name(field.column) for field in fields)
+    with db.cursor() as cursor:
+        # The ids first, from the table's own sequence, as bulk_create's RETURNING gives them.
+        cursor.execute(
+            "SELECT nextval(pg_get_serial_sequence(%s, %s)) FROM generate_series(1, %s)",
+            [meta.db_table, meta.pk.column, len(rows)],
+        )
+        for row, (pk,) in zip(rows, cursor.fetchall(), strict=True):
+            row.pk = pk
+        table = db.ops.quote_name(meta.db_table)
+        with cursor.copy(f"COPY {table} ({columns}) FROM STDIN") as copy:
+            for row in rows:
+                copy.write_row([prepared(field, getattr(row, field.attname)) for field in fields])
+    for row in rows:
+        row._state.adding = False
+        row._state.db = db.alias
 
 
 def _new_row(
@@ -192,6 +236,27 @@ def experience_delete_many(*, queryset: QuerySet[Experience]) -> int:
     )
     Experience.objects.filter(id__in=[pk for pk, _ in doomed]).delete()
     return len(doomed)
+
+
+def experience_mark_sampled_later(*, pks: Sequence[int], at: datetime | None = None) -> None:
+    """Count draws off the request path: a write transaction cost a replay request 20 to 90 ms
+    under load. A worker runs experience.mark_sampled; when the broker cannot take the task,
+    the draws are counted here and now, and when that fails too they go uncounted: bookkeeping
+    never fails a replay request."""
+    from .tasks import mark_sampled  # tasks call the services: import on use
+
+    at = at or timezone.now()
+    try:
+        # No retries: a broker that is down answers at once, and then this request counts.
+        mark_sampled.apply_async((list(pks), at.isoformat()), retry_policy={"max_retries": 0})
+    except OperationalError as exc:
+        logger.warning(
+            "Counting %d replay draws now: the broker refused the task: %s", len(pks), exc
+        )
+        try:
+            experience_mark_sampled(pks=pks, at=at)
+        except DatabaseError:
+            logger.exception("%d replay draws went uncounted", len(pks))
 
 
 def experience_mark_sampled(*, pks: Sequence[int], at: datetime | None = None) -> None:

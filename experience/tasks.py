@@ -1,7 +1,9 @@
+from datetime import datetime
+
 from celery import shared_task
 
 from .dream_services import dream_cycles_run_due
-from .services import experience_purge_expired
+from .services import experience_mark_sampled, experience_purge_expired
 
 
 @shared_task(name="experience.purge_expired", acks_late=True)
@@ -21,3 +23,14 @@ def run_dream_cycles() -> dict[str, object]:
         "cycles": {cycle.agent_id: cycle.pk for cycle in run.cycles},
         "skipped": run.skipped,
     }
+
+
+@shared_task(name="experience.mark_sampled", acks_late=True)
+def mark_sampled(pks: list[int], at: str) -> None:
+    """Count a replay request's draws (pks, with repeats) at `at` (ISO 8601).
+
+    At least once, not exactly once: a worker lost after the commit and before the ack runs it
+    again, and those draws count twice. That is a rare over-count of a curation statistic;
+    exactly once would need a receipt written per replay request and kept for the retry window,
+    for a number that sampling never reads. A lost count would be worse, hence acks_late."""
+    experience_mark_sampled(pks=pks, at=datetime.fromisoformat(at))

@@ -16,7 +16,7 @@ from .selectors import experience_get, experience_list, experience_stats, replay
 from .services import (
     experience_create_many,
     experience_delete_many,
-    experience_mark_sampled,
+    experience_mark_sampled_later,
     experience_td_error_update,
 )
 
@@ -67,7 +67,10 @@ class ExperienceCollectionView(APIView):
                 resource_type_field_name=None,
                 many=False,
             ),
-            200: OpenApiResponse(description="Every id was stored before: the stored rows."),
+            200: OpenApiResponse(
+                description="Every id was stored before: the stored row (one), or the counts "
+                "and ids (a list)."
+            ),
             409: OpenApiResponse(description="An id is used by another agent."),
             **ERRORS,
         },
@@ -88,10 +91,14 @@ class ExperienceCollectionView(APIView):
         stored = experience_create_many(items=items)
         created = sum(result.created for result in stored)
         code = status.HTTP_201_CREATED if created else status.HTTP_200_OK
-        rows = [result.experience for result in stored]
         if not many:
-            return Response(s.ExperienceOutSerializer(rows[0]).data, status=code)
-        body = {"created": created, "existing": len(rows) - created, "items": rows}
+            return Response(s.ExperienceOutSerializer(stored[0].experience).data, status=code)
+        # A list gets ids, not its rows back: echoing 1,000 rows cost more than storing them.
+        body = {
+            "created": created,
+            "existing": len(stored) - created,
+            "items": [{"id": r.experience.experience_id, "created": r.created} for r in stored],
+        }
         return Response(s.ExperienceBatchOutSerializer(body).data, status=code)
 
 
@@ -172,5 +179,5 @@ class ReplayView(APIView):
                 )
             params["agent_id"] = allowed[0]
         batch = replay_sample(**params)
-        experience_mark_sampled(pks=[item.experience.pk for item in batch.items])
+        experience_mark_sampled_later(pks=[item.experience.pk for item in batch.items])
         return Response(s.ReplayOutSerializer(batch).data)

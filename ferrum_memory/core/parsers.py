@@ -6,6 +6,7 @@ infinity for the field validation to refuse, and an integer beyond 64 bits becom
 field of this API takes one."""
 
 import codecs
+from collections.abc import Mapping
 from typing import Any
 
 import orjson
@@ -19,7 +20,7 @@ class OrjsonParser(JSONParser):
         self,
         stream: Any,
         media_type: str | None = None,
-        parser_context: dict[str, Any] | None = None,
+        parser_context: Mapping[str, Any] | None = None,
     ) -> Any:
         encoding = (parser_context or {}).get("encoding", settings.DEFAULT_CHARSET)
         try:

@@ -5,6 +5,7 @@ Same output as DRF's JSONRenderer for what this API returns, except that U+2028 
 not escaped (DRF escapes them for embedding in JavaScript; no client here does that)."""
 
 import json
+from collections.abc import Mapping
 from typing import Any
 
 import orjson
@@ -33,11 +34,11 @@ class OrjsonRenderer(JSONRenderer):
         self,
         data: Any,
         accepted_media_type: str | None = None,
-        renderer_context: dict[str, Any] | None = None,
+        renderer_context: Mapping[str, Any] | None = None,
     ) -> bytes:
         if data is None:
             return b""
-        if self.get_indent(accepted_media_type, renderer_context or {}):
+        if self.get_indent(accepted_media_type or "", renderer_context or {}):
             # orjson indents by 2 only; "Accept: application/json; indent=N" keeps DRF's way.
             return super().render(data, accepted_media_type, renderer_context)
         try:

@@ -11,7 +11,7 @@ os.environ.setdefault("FERRUM_DATA_DIR", tempfile.mkdtemp(prefix="ferrum-test-")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from .base import *  # noqa: F403
-from .base import DATA_DIR, DATABASES
+from .base import DATA_DIR, DATABASES, env
 
 ALLOWED_HOSTS = ["testserver", "localhost", "127.0.0.1"]
 PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
@@ -23,6 +23,10 @@ STORAGES = {
 }
 WHITENOISE_USE_FINDERS = True
 WHITENOISE_AUTOREFRESH = True
+# Tasks the API enqueues (counting replay draws) run in the test process, so a test sees their
+# effect when the request returns. CELERY_TASK_ALWAYS_EAGER=false sends them to a broker.
+CELERY_TASK_ALWAYS_EAGER = env.bool("CELERY_TASK_ALWAYS_EAGER", default=True)
+CELERY_TASK_EAGER_PROPAGATES = True
 
 if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
     # A file, not SQLite's in-memory default: WAL and concurrent writers need a real file.

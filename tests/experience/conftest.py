@@ -9,3 +9,18 @@ def fresh_replay_index():
     reset_replay_index()
     yield
     reset_replay_index()
+
+
+@pytest.fixture
+def send_tasks_to(monkeypatch):
+    """send_tasks_to(url): tasks go to the broker at url instead of running in the test (the
+    test settings run them eagerly). Celery caches its connection pools: they start afresh."""
+    from ferrum_memory.celery import app
+
+    def use(url: str) -> None:
+        monkeypatch.setitem(app.conf, "task_always_eager", False)
+        monkeypatch.setitem(app.conf, "broker_url", url)
+        monkeypatch.setattr(app, "_pool", None)
+        monkeypatch.setattr(app.amqp, "_producer_pool", None)
+
+    return use

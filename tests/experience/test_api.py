@@ -1,12 +1,16 @@
 import json
 import math
 import statistics
+from datetime import datetime
 
 import pytest
 from django.conf import settings
+from django.db import DatabaseError
 
 from experience.models import Experience
 from experience.services import priority_from_td_error
+from experience.tasks import mark_sampled
+from ferrum_memory.celery import app as celery_app
 from ferrum_memory.core.services import api_key_create
 from tests.experience.factories import experience_json, experience_jsons, store
 
@@ -60,12 +64,47 @@ def test_post_a_list_stores_all_and_reports_retries(api_client):
     batch = experience_jsons(3)
     response = api_client.post("/experience/", batch, format="json")
     assert response.status_code == 201
-    assert response.json()["created"] == 3 and response.json()["existing"] == 0
-    again = api_client.post("/experience/", [*batch, experience_json()], format="json")
+    assert response.json() == {
+        "created": 3,
+        "existing": 0,
+        "items": [{"id": p["id"], "created": True} for p in batch],
+    }
+    newcomer = experience_json()
+    del newcomer["id"]
+    again = api_client.post("/experience/", [batch[1], newcomer, batch[0]], format="json")
     assert again.status_code == 201
-    assert (again.json()["created"], again.json()["existing"]) == (1, 3)
-    assert [item["id"] for item in again.json()["items"]][:3] == [p["id"] for p in batch]
+    body = again.json()
+    assert (body["created"], body["existing"]) == (1, 2)
+    assert [item["created"] for item in body["items"]] == [False, True, False]
+    assert [body["items"][i]["id"] for i in (0, 2)] == [batch[1]["id"], batch[0]["id"]]
+    stored = Experience.objects.get(experience_id=body["items"][1]["id"])
+    assert stored.task == newcomer["task"]
     assert Experience.objects.count() == 4
+
+
+def test_a_list_of_known_ids_is_200_and_changes_nothing(api_client):
+    batch = experience_jsons(2)
+    api_client.post("/experience/", batch, format="json")
+    again = api_client.post("/experience/", [{**p, "reward": 0.5} for p in batch], format="json")
+    assert again.status_code == 200
+    assert again.json()["existing"] == 2
+    assert sorted(Experience.objects.values_list("reward", flat=True)) == sorted(
+        p["reward"] for p in batch
+    )
+
+
+def test_a_list_is_stored_whole_and_sampled_from_the_next_request(api_client):
+    # On PostgreSQL a list goes in by COPY with ids taken from the table's sequence.
+    first = api_client.post("/experience/", experience_jsons(3, td_error=1.0), format="json")
+    single = api_client.post("/experience/", experience_json(), format="json").json()
+    ids = [item["id"] for item in first.json()["items"]] + [single["id"]]
+    rows = {row.experience_id: row for row in Experience.objects.all()}
+    assert sorted(rows) == sorted(ids) and len({row.pk for row in rows.values()}) == 4
+    row = rows[ids[0]]
+    detail = api_client.get(f"/experience/{row.experience_id}").json()
+    assert detail["tool_calls"] == row.tool_calls and detail["test_result"] == row.test_result
+    replay = api_client.get("/experience/replay", {"batch_size": 64, "seed": 2}).json()
+    assert {item["experience"]["id"] for item in replay["items"]} == set(ids)
 
 
 def test_server_assigns_an_id_when_none_is_sent(api_client):
@@ -212,7 +251,9 @@ def test_infinite_td_error_gets_400(api_client):
     response = api_client.generic(
         "PUT", "/experience/td-error", body, content_type="application/json"
     )
-    assert response.status_code == 400 and "td_error" in response.json()
+    # A number beyond a double is a parse error (orjson), like NaN and Infinity.
+    assert response.status_code == 400
+    assert response.json()["detail"].startswith("JSON parse error - number is infinity")
     row.refresh_from_db()
     assert row.td_error == 0.1
 
@@ -259,6 +300,57 @@ def test_replay_returns_items_with_probability_and_weight(api_client):
         i["experience"]["id"] for i in body["items"]
     ]
     assert sum(Experience.objects.values_list("times_sampled", flat=True)) == 16
+
+
+def test_replay_leaves_counting_its_draws_to_a_worker(api_client, send_tasks_to):
+    row = store()
+    send_tasks_to("memory://")  # a broker in this process, to read the task back
+    response = api_client.get("/experience/replay", {"batch_size": 8})
+    assert response.status_code == 200
+    row.refresh_from_db()
+    assert row.times_sampled == 0  # nothing written on the request path
+
+    with celery_app.connection_for_read() as connection:
+        message = connection.SimpleQueue("celery").get(timeout=5)
+    assert message.headers["task"] == "experience.mark_sampled"
+    (pks, at), _, _ = message.decode()
+    assert pks == [row.pk] * 8
+    mark_sampled(pks, at)  # what the worker does with it (test_dream_e2e runs a real one)
+    row.refresh_from_db()
+    assert row.times_sampled == 8 and row.last_sampled_at == datetime.fromisoformat(at)
+
+
+def test_replay_counts_its_draws_itself_when_the_broker_is_down(api_client, send_tasks_to, caplog):
+    store()
+    send_tasks_to("redis://127.0.0.1:1/0")  # nothing listens there
+    response = api_client.get("/experience/replay", {"batch_size": 8})
+    assert response.status_code == 200
+    assert Experience.objects.get().times_sampled == 8
+    assert "the broker refused the task" in caplog.text
+
+
+def test_replay_answers_even_when_its_draws_cannot_be_counted(
+    api_client, send_tasks_to, monkeypatch, caplog
+):
+    # A database that serves the read and fails the write cannot be arranged here: patched.
+    def fail(**kwargs):
+        raise DatabaseError("disk full")
+
+    monkeypatch.setattr("experience.services.experience_mark_sampled", fail)
+    store()
+    send_tasks_to("redis://127.0.0.1:1/0")
+    assert api_client.get("/experience/replay", {"batch_size": 8}).status_code == 200
+    assert "8 replay draws went uncounted" in caplog.text
+
+
+def test_a_redelivered_count_counts_again():
+    # At least once, by choice (see experience.tasks.mark_sampled): a task run twice after a
+    # worker was lost between commit and ack counts its draws twice.
+    row = store()
+    for _ in range(2):
+        mark_sampled([row.pk, row.pk], "2026-01-02T03:04:05+00:00")
+    row.refresh_from_db()
+    assert row.times_sampled == 4
 
 
 def test_replay_below_min_size_is_409_with_a_clear_message(api_client):

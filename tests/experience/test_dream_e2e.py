@@ -1,11 +1,13 @@
 """End to end with real processes: a Celery worker and beat (DatabaseScheduler) run a scheduled
 dream cycle on the test database; a learner claims it over the API and reports TD errors; the
-next replay request samples with the new priorities."""
+next replay request samples with the new priorities, and the worker counts its draws."""
 
 import os
+import re
 import subprocess
 import sys
 import time
+from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -137,7 +139,7 @@ def celery_processes_after_setup(
 
 @pytest.mark.django_db(transaction=True)
 def test_a_scheduled_dream_reaches_the_learner_and_its_td_errors_reach_replay(
-    api_client, celery_processes_after_setup
+    api_client, celery_processes_after_setup, send_tasks_to, tmp_path
 ):
     logs = celery_processes_after_setup
 
@@ -171,7 +173,9 @@ def test_a_scheduled_dream_reaches_the_learner_and_its_td_errors_reach_replay(
     assert reported.status_code == 200, reported.json()
     assert reported.json()["cycle"]["status"] == "completed"
 
-    # The next replay request samples with the new priorities.
+    # The next replay request samples with the new priorities; the worker counts its draws.
+    counted = dict(Experience.objects.values_list("experience_id", "times_sampled"))
+    send_tasks_to(process_env(tmp_path)["CELERY_BROKER_URL"])
     replay = api_client.get(f"/experience/replay?agent_id={AGENT}&batch_size=64&seed=3").json()
     priorities = dict(
         Experience.objects.filter(agent_id=AGENT).values_list("experience_id", "priority")
@@ -184,6 +188,17 @@ def test_a_scheduled_dream_reaches_the_learner_and_its_td_errors_reach_replay(
         assert item["probability"] == pytest.approx(priorities[eid] / total)
     top = max(replay["items"], key=lambda item: item["probability"])
     assert top["experience"]["id"] == ids[0]
+    worker_log = tmp_path / "worker.log"
+    wait_for(
+        lambda: re.search(
+            r"Task experience\.mark_sampled\[\S+\] succeeded", worker_log.read_text()
+        ),
+        logs,
+        "the worker to count the replay's draws",
+    )
+    now = dict(Experience.objects.values_list("experience_id", "times_sampled"))
+    replayed = Counter(item["experience"]["id"] for item in replay["items"])
+    assert all(now[eid] >= counted[eid] + n for eid, n in replayed.items())  # dreams count too
 
     # Beat keeps dreaming on schedule: later cycles follow, up to the backlog limit.
     wait_for(

@@ -1,0 +1,400 @@
+"""Retrieval quality benchmark: ``python bench/retrieval.py [--datasets locomo,scifact]``.
+
+Measured through the service's own code: ``memory.services.memory_store_many`` stores (embeds,
+deduplicates, indexes) and ``memory.selectors.memory_search`` searches, on a throwaway SQLite
+database and qdrant-edge shard in a fresh temporary data folder. Each dataset is one function
+that prints one table, with every search mode and the targets beside.
+
+- ``locomo``: LoCoMo (``/work/shared/data/locomo/locomo10.json``). Each conversation is an
+  agent, each turn a memory item ``"[{session date time}] {speaker}: {text}"``. Questions of
+  categories 1-4 (multi-hop, temporal, open-domain, single-hop) with their evidence turns:
+  turn-level recall@k (an evidence turn in the top k) and session-level recall@k (a retrieved
+  turn in an evidence turn's session), k = 5, 10, 20.
+- ``scifact``: BEIR SciFact (``/work/shared/data/scifact``), one agent, each abstract
+  ``title + " " + text``; the train queries and qrels: nDCG@10 (binary relevance) and
+  recall@100 (100 is ``memory_search``'s largest limit). ``--scifact-docs N`` stores only the
+  first N abstracts (corpus order) and then keeps only the queries whose relevant abstracts are
+  all stored.
+
+Near-duplicate merging is switched off (MEMORY_NEAR_DUPLICATE=1.01) so every turn and abstract
+is stored; exact duplicates (same agent, same normalised text) are still merged by the service
+and counted in the output. Nothing is downloaded (HF_HUB_OFFLINE=1).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import platform
+import re
+import sys
+import tempfile
+import time
+from collections import defaultdict
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+# Run as a plain script from anywhere: make the project importable.
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+DATA = Path("/work/shared/data")
+LOCOMO_FILE = DATA / "locomo" / "locomo10.json"
+SCIFACT_DIR = DATA / "scifact"
+MODES = ("hybrid", "dense", "sparse")
+DEFAULT_MODE = "hybrid"
+STORE_BATCH = 256  # the API's MAX_BATCH
+NEAR_DUPLICATE_OFF = "1.01"  # a cosine similarity never reaches it: every item is stored
+LOCOMO_CATEGORIES = (1, 2, 3, 4)  # 5 (adversarial) has no answer in the conversation
+LOCOMO_KS = (5, 10, 20)
+TARGET_TURN_R10 = 0.70
+TARGET_SESSION_R10 = 0.90
+TARGET_SCIFACT_NDCG10 = 0.74
+SCIFACT_LIMIT = 100  # memory_search's largest limit
+DIA_ID = re.compile(r"D(\d+):(\d+)")
+
+
+def setup_django(data_dir: str) -> None:
+    """Point the base settings at a throwaway data folder, then migrate it."""
+    os.environ["DJANGO_SETTINGS_MODULE"] = "ferrum_memory.settings.base"
+    os.environ["FERRUM_DATA_DIR"] = data_dir
+    os.environ["DJANGO_SECRET_KEY"] = "bench"
+    os.environ["MEMORY_NEAR_DUPLICATE"] = NEAR_DUPLICATE_OFF
+    os.environ["HF_HUB_OFFLINE"] = "1"
+    os.environ.setdefault("LOG_LEVEL", "WARNING")
+    for name in ("DATABASE_URL", "SQLITE_PATH", "QDRANT_URL", "REDIS_URL"):
+        os.environ.pop(name, None)  # measure the embedded stack, whatever the shell says
+    import django
+    from django.core.management import call_command
+
+    django.setup()
+    call_command("migrate", verbosity=0)
+
+
+@dataclass
+class StoreReport:
+    items: int = 0
+    stored: int = 0
+    duplicates: int = 0
+    seconds: float = 0.0
+    # point id -> the bench's own ids of every input merged into that point
+    ids_of: dict[str, list[str]] = field(default_factory=lambda: defaultdict(list))
+
+
+def store_all(items: Sequence[dict[str, Any]], key: str, label: str) -> StoreReport:
+    """Store `items` with memory_store_many in batches; each item's metadata[key] is the
+    bench's own id, mapped back from the point id it ended up in."""
+    from memory.services import memory_store_many
+
+    report = StoreReport()
+    start = time.perf_counter()
+    for offset in range(0, len(items), STORE_BATCH):
+        batch = items[offset : offset + STORE_BATCH]
+        for given, result in zip(batch, memory_store_many(items=batch), strict=True):
+            report.ids_of[str(result.item.id)].append(given["metadata"][key])
+            report.duplicates += bool(result.duplicate)
+            if not result.indexed:
+                raise RuntimeError("the vector index was unavailable during the bench")
+        done = offset + len(batch)
+        rate = done / (time.perf_counter() - start)
+        print(f"  {label}: stored {done:,}/{len(items):,} ({rate:.1f}/s)", file=sys.stderr)
+    report.seconds = time.perf_counter() - start
+    report.items = len(items)
+    report.stored = report.items - report.duplicates
+    return report
+
+
+def search_ids(
+    query: str, agent_id: str, mode: str, limit: int, ids_of: dict[str, list[str]]
+) -> list[list[str]]:
+    """The bench ids behind each hit, in rank order."""
+    from memory.selectors import memory_search
+
+    hits = memory_search(query=query, agent_id=agent_id, limit=limit, mode=mode)
+    return [ids_of[str(hit.item.id)] for hit in hits]
+
+
+def _print_table(header: tuple[str, ...], rows: Sequence[tuple[str, ...]]) -> None:
+    """A Markdown table with padded columns, readable as text too."""
+    widths = [max(len(row[c]) for row in [header, *rows]) for c in range(len(header))]
+    for i, row in enumerate([header, *rows]):
+        print("| " + " | ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)) + " |")
+        if i == 0:
+            print("|" + "|".join("-" * (w + 2) for w in widths) + "|")
+
+
+def _verdict(ok: bool) -> str:
+    return "yes" if ok else "**NO**"
+
+
+def _hybrid_beats(scores: dict[str, float]) -> str:
+    """Whether the default mode beats the best single mode on one metric, and by how much."""
+    best_single = max((m for m in MODES if m != DEFAULT_MODE), key=lambda m: scores[m])
+    margin = scores[DEFAULT_MODE] - scores[best_single]
+    return f"{_verdict(margin > 0)} ({margin:+.3f} vs {best_single})"
+
+
+# LoCoMo ------------------------------------------------------------------------------------
+
+
+def _evidence(raw: Iterable[str]) -> set[tuple[int, int]]:
+    """(session, turn) of each evidence id; a few labels hold several ids in one string."""
+    return {(int(s), int(t)) for text in raw for s, t in DIA_ID.findall(text)}
+
+
+def part_locomo(args: argparse.Namespace) -> None:
+    conversations = json.loads(LOCOMO_FILE.read_text())[: args.locomo_conversations]
+    items: list[dict[str, Any]] = []
+    for conv in conversations:
+        agent = f"locomo-{conv['sample_id']}"
+        talk = conv["conversation"]
+        for key, turns in talk.items():
+            match = re.fullmatch(r"session_(\d+)", key)
+            if not match or not isinstance(turns, list):
+                continue
+            when = talk[f"{key}_date_time"]
+            for turn in turns:
+                items.append(
+                    {
+                        "agent_id": agent,
+                        "content": f"[{when}] {turn['speaker']}: {turn['text']}",
+                        "kind": "episodic",
+                        "tags": [key],
+                        "metadata": {
+                            "dia_id": f"{agent}/{turn['dia_id']}",
+                            "session": int(match[1]),
+                        },
+                    }
+                )
+    report = store_all(items, "dia_id", "locomo")
+
+    questions = [
+        (f"locomo-{conv['sample_id']}", qa["question"], _evidence(qa.get("evidence", [])))
+        for conv in conversations
+        for qa in conv["qa"]
+        if qa.get("category") in LOCOMO_CATEGORIES
+    ]
+    questions = [q for q in questions if q[2]]  # a handful carry no usable evidence id
+    top = max(LOCOMO_KS)
+    turn_hits: dict[str, dict[int, int]] = {m: dict.fromkeys(LOCOMO_KS, 0) for m in MODES}
+    session_hits: dict[str, dict[int, int]] = {m: dict.fromkeys(LOCOMO_KS, 0) for m in MODES}
+    latency: dict[str, float] = {}
+    for mode in MODES:
+        start = time.perf_counter()
+        for agent, question, evidence in questions:
+            ranked = [
+                _evidence(ids) for ids in search_ids(question, agent, mode, top, report.ids_of)
+            ]
+            sessions = {s for s, _ in evidence}
+            for k in LOCOMO_KS:
+                turn_hits[mode][k] += any(turns & evidence for turns in ranked[:k])
+                session_hits[mode][k] += any(
+                    any(s in sessions for s, _ in turns) for turns in ranked[:k]
+                )
+        latency[mode] = (time.perf_counter() - start) / len(questions) * 1e3
+
+    n = len(questions)
+    turn = {m: {k: turn_hits[m][k] / n for k in LOCOMO_KS} for m in MODES}
+    session = {m: {k: session_hits[m][k] / n for k in LOCOMO_KS} for m in MODES}
+    print(
+        f"\n## LoCoMo: {len(conversations)} conversations (agents), {report.items:,} turns "
+        f"stored in {report.seconds:.0f} s ({report.items / report.seconds:.1f}/s, "
+        f"{report.duplicates} merged as exact duplicates), {n:,} questions of categories "
+        f"{', '.join(map(str, LOCOMO_CATEGORIES))}\n"
+    )
+    header = (
+        "mode",
+        *(f"turn R@{k}" for k in LOCOMO_KS),
+        *(f"session R@{k}" for k in LOCOMO_KS),
+        "ms/query",
+    )
+    rows = [
+        (
+            mode + (" (default)" if mode == DEFAULT_MODE else ""),
+            *(f"{turn[mode][k]:.3f}" for k in LOCOMO_KS),
+            *(f"{session[mode][k]:.3f}" for k in LOCOMO_KS),
+            f"{latency[mode]:.1f}",
+        )
+        for mode in MODES
+    ]
+    _print_table(header, rows)
+    print()
+    checks = [
+        (
+            f"turn recall@10 ({DEFAULT_MODE})",
+            f"{turn[DEFAULT_MODE][10]:.3f}",
+            f">= {TARGET_TURN_R10:.2f}",
+            _verdict(turn[DEFAULT_MODE][10] >= TARGET_TURN_R10),
+        ),
+        (
+            f"session recall@10 ({DEFAULT_MODE})",
+            f"{session[DEFAULT_MODE][10]:.3f}",
+            f">= {TARGET_SESSION_R10:.2f}",
+            _verdict(session[DEFAULT_MODE][10] >= TARGET_SESSION_R10),
+        ),
+        (
+            "turn recall@10: default beats the best single mode",
+            "",
+            "> best single",
+            _hybrid_beats({m: turn[m][10] for m in MODES}),
+        ),
+        (
+            "session recall@10: default beats the best single mode",
+            "",
+            "> best single",
+            _hybrid_beats({m: session[m][10] for m in MODES}),
+        ),
+    ]
+    _print_table(("check", "figure", "target", "met"), checks)
+    print(
+        "\nturn R@k: share of questions with an evidence turn in the top k; session R@k: with a "
+        "top-k turn from an evidence turn's session. ms/query includes embedding the query."
+    )
+
+
+# SciFact -----------------------------------------------------------------------------------
+
+
+def _ndcg_at(ranked: Sequence[bool], relevant: int, k: int) -> float:
+    dcg = sum(1.0 / math.log2(i + 2) for i, hit in enumerate(ranked[:k]) if hit)
+    ideal = sum(1.0 / math.log2(i + 2) for i in range(min(relevant, k)))
+    return dcg / ideal
+
+
+def part_scifact(args: argparse.Namespace) -> None:
+    with (SCIFACT_DIR / "corpus.jsonl").open() as lines:
+        corpus = [json.loads(line) for line in lines]
+    subset = args.scifact_docs is not None and args.scifact_docs < len(corpus)
+    corpus = corpus[: args.scifact_docs] if subset else corpus
+    stored_ids = {doc["_id"] for doc in corpus}
+    with (SCIFACT_DIR / "queries.jsonl").open() as lines:
+        query_text = {q["_id"]: q["text"] for q in map(json.loads, lines)}
+    qrels: dict[str, set[str]] = defaultdict(set)
+    with (SCIFACT_DIR / "qrels" / "train.tsv").open() as lines:
+        next(lines)  # header
+        for line in lines:
+            query_id, doc_id, score = line.split("\t")
+            if int(score) > 0:
+                qrels[query_id].add(doc_id)
+    all_queries = len(qrels)
+    queries = {q: rel for q, rel in qrels.items() if rel <= stored_ids}
+
+    agent = "scifact"
+    items = [
+        {
+            "agent_id": agent,
+            "content": f"{doc['title']} {doc['text']}".strip(),
+            "kind": "semantic",
+            "metadata": {"doc_id": doc["_id"]},
+        }
+        for doc in corpus
+    ]
+    report = store_all(items, "doc_id", "scifact")
+
+    ndcg: dict[str, float] = {}
+    recall: dict[str, float] = {}
+    latency: dict[str, float] = {}
+    for mode in MODES:
+        start = time.perf_counter()
+        ndcg_sum = recall_sum = 0.0
+        for query_id, relevant in queries.items():
+            ranked = search_ids(query_text[query_id], agent, mode, SCIFACT_LIMIT, report.ids_of)
+            hits = [bool(relevant & set(ids)) for ids in ranked]
+            found = set().union(*map(set, ranked)) if ranked else set()
+            ndcg_sum += _ndcg_at(hits, len(relevant), 10)
+            recall_sum += len(relevant & found) / len(relevant)
+        latency[mode] = (time.perf_counter() - start) / len(queries) * 1e3
+        ndcg[mode] = ndcg_sum / len(queries)
+        recall[mode] = recall_sum / len(queries)
+
+    scope = (
+        f"SUBSET: the first {len(corpus):,} of 5,183 abstracts, and only the {len(queries)} of "
+        f"{all_queries} train queries whose relevant abstracts are all stored (fewer "
+        "distractors than the full corpus: not comparable with published figures)"
+        if subset
+        else f"all {len(corpus):,} abstracts, all {len(queries)} train queries"
+    )
+    print(
+        f"\n## SciFact: {scope}; stored in {report.seconds:.0f} s "
+        f"({report.items / report.seconds:.1f}/s, {report.duplicates} merged as exact "
+        "duplicates)\n"
+    )
+    rows = [
+        (
+            mode + (" (default)" if mode == DEFAULT_MODE else ""),
+            f"{ndcg[mode]:.3f}",
+            f"{recall[mode]:.3f}",
+            f"{latency[mode]:.1f}",
+        )
+        for mode in MODES
+    ]
+    _print_table(("mode", "nDCG@10", "recall@100", "ms/query"), rows)
+    print()
+    checks = [
+        (
+            f"nDCG@10 ({DEFAULT_MODE})",
+            f"{ndcg[DEFAULT_MODE]:.3f}",
+            f">= {TARGET_SCIFACT_NDCG10:.2f}",
+            _verdict(ndcg[DEFAULT_MODE] >= TARGET_SCIFACT_NDCG10),
+        ),
+        ("nDCG@10: default beats the best single mode", "", "> best single", _hybrid_beats(ndcg)),
+        (
+            "recall@100: default beats the best single mode",
+            "",
+            "> best single",
+            _hybrid_beats(recall),
+        ),
+    ]
+    _print_table(("check", "figure", "target", "met"), checks)
+    print("\nnDCG@10 with binary relevance (qrels score > 0). ms/query includes embedding it.")
+
+
+PARTS: dict[str, Callable[[argparse.Namespace], None]] = {
+    "locomo": part_locomo,
+    "scifact": part_scifact,
+}
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument(
+        "--datasets",
+        default="locomo,scifact",
+        help=f"comma-separated, of: {', '.join(PARTS)}",
+    )
+    parser.add_argument(
+        "--scifact-docs", type=int, default=None, help="store only the first N abstracts"
+    )
+    parser.add_argument(
+        "--locomo-conversations", type=int, default=None, help="only the first N conversations"
+    )
+    args = parser.parse_args(argv)
+    datasets = [name.strip() for name in args.datasets.split(",") if name.strip()]
+    unknown = [name for name in datasets if name not in PARTS]
+    if unknown:
+        parser.error(f"unknown dataset(s): {', '.join(unknown)}")
+    with tempfile.TemporaryDirectory(prefix="ferrum-bench-retrieval-") as data_dir:
+        setup_django(data_dir)
+        from django.conf import settings
+
+        print(
+            f"python {platform.python_version()}, {platform.machine()}, {os.cpu_count()} CPUs; "
+            f"model {settings.FASTEMBED_MODEL}, {settings.FASTEMBED_THREADS} embedding "
+            f"thread(s); SQLite + qdrant-edge in a temporary folder; "
+            f"MEMORY_NEAR_DUPLICATE={settings.MEMORY_NEAR_DUPLICATE} (near-duplicate merging "
+            "off: every turn is stored)"
+        )
+        for name in datasets:
+            PARTS[name](args)
+        from memory.vector_index import reset_vector_index
+
+        reset_vector_index()
+
+
+if __name__ == "__main__":
+    main()

@@ -14,7 +14,11 @@ def variables_read_by_code() -> set[str]:
     names: set[str] = set()
     # The test settings' knobs are for the suite, not for people running the service.
     settings_dir = ROOT / "ferrum_memory/settings"
-    for path in [settings_dir / "base.py", settings_dir / "production.py", ROOT / "gunicorn.conf.py"]:
+    for path in [
+        settings_dir / "base.py",
+        settings_dir / "production.py",
+        ROOT / "gunicorn.conf.py",
+    ]:
         text = path.read_text()
         names |= set(re.findall(r'env\.\w+\(\s*"([A-Z_]+)"', text))
         names |= set(re.findall(r'os\.environ(?:\.get|\.setdefault)\(\s*"([A-Z_]+)"', text))

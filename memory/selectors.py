@@ -34,6 +34,10 @@ def memory_get(*, point_id: UUID | str, agent_ids: Sequence[str] | None = None) 
     return item
 
 
+def _live(item: MemoryItem, now: datetime) -> bool:
+    return item.expires_at is None or item.expires_at > now
+
+
 @dataclass(frozen=True)
 class MemoryHit:
     item: MemoryItem
@@ -76,8 +80,14 @@ def memory_search(
         flt=flt,
         limit=pool,
     )
-    rows = memory_visible(now=now).filter(agent_id=agent_id).in_bulk([pk for pk, _ in hits])
-    found = [MemoryHit(rows[pk], score) for pk, score in hits if pk in rows]
+    # By primary key only: with an agent filter SQLite picks the agent index and reads every
+    # row the agent has. The index already filtered agent and expiry; the DB has the last word.
+    rows = MemoryItem.objects.in_bulk([pk for pk, _ in hits])
+    found = [
+        MemoryHit(rows[pk], score)
+        for pk, score in hits
+        if pk in rows and rows[pk].agent_id == agent_id and _live(rows[pk], now)
+    ]
     if reranker is not None and found:
         scores = list(reranker.rerank(query, [hit.item.content for hit in found]))
         found = sorted(

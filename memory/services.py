@@ -38,8 +38,16 @@ class StoredMemory:
     indexed: bool
 
 
+# The configured model is fixed for a process's life, so one clean check per process suffices;
+# it scans the table, which one store per call could not afford at 10^5 items.
+_model_checked = False
+
+
 def memory_check_model() -> None:
     """Refuse to mix vector spaces: every stored item must come from the configured model."""
+    global _model_checked
+    if _model_checked:
+        return
     model = get_embedder().model_name
     other = (
         MemoryItem.objects.exclude(embedding_model=model)
@@ -48,6 +56,13 @@ def memory_check_model() -> None:
     )
     if other is not None:
         raise EmbeddingModelMismatch(other, model)
+    _model_checked = True
+
+
+def reset_model_check() -> None:
+    """Check again on the next store (tests; memory_reindex)."""
+    global _model_checked
+    _model_checked = False
 
 
 def _near_duplicate(agent_id: str, vector: np.ndarray, now: datetime) -> str | None:
@@ -214,6 +229,7 @@ def memory_reindex(*, batch: int = 64) -> int:
                     revision=revision,
                 )
         redone += len(rows)
+    reset_model_check()
     index = get_vector_index()
     index.engine.reset(embedder.dim)  # drop whatever it held; the catch-up refills it
     index.catch_up()

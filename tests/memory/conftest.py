@@ -1,5 +1,6 @@
 import pytest
 
+from memory.services import reset_model_check
 from memory.vector_index import reset_vector_index
 
 
@@ -11,5 +12,6 @@ def vector_engine(request, settings, tmp_path):
     settings.DATA_DIR = tmp_path
     settings.QDRANT_URL = "" if request.param == "edge" else ":memory:"
     reset_vector_index()
+    reset_model_check()
     yield request.param
     reset_vector_index()

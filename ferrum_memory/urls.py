@@ -26,4 +26,5 @@ urlpatterns = [
     path("admin/", admin.site.urls),
     path("", include("experience.urls")),
     path("", include("memory.urls")),
+    path("", include("sessions.urls")),
 ]

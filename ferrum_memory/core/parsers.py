@@ -2,8 +2,8 @@
 
 Like DRF's JSONParser, a malformed body is a 400 "JSON parse error - ...", and so are NaN and
 Infinity. Unlike it, a number too large for a double (1e999) is a parse error too, rather than an
-infinity for the field validation to refuse, and an integer beyond 64 bits becomes a float; no
-field of this API takes one."""
+infinity for the field validation to refuse, and an integer beyond 64 bits becomes a float: a
+counting field refuses it, free-form JSON (arguments, metadata) keeps it rounded."""
 
 import codecs
 from collections.abc import Mapping

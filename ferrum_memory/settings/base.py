@@ -252,3 +252,21 @@ DREAM_LEASE_SECONDS = env.int("DREAM_LEASE_SECONDS", default=300)
 DREAM_MAX_PENDING = env.int("DREAM_MAX_PENDING", default=10)
 # The default beat schedule; once created it is edited in the admin, not here.
 DREAM_INTERVAL_SECONDS = env.int("DREAM_INTERVAL_SECONDS", default=300)
+
+# SESSIONS (working memory and its consolidation into long-term memory)
+# ------------------------------------------------------------------------------
+# The beat consolidates a session idle for this share of its TTL, before the store forgets it.
+SESSION_IDLE_FRACTION = env.float("SESSION_IDLE_FRACTION", default=0.8)
+SESSION_SWEEP_SECONDS = env.int("SESSION_SWEEP_SECONDS", default=60)
+# Size limits of one session's working memory (400 beyond them).
+SESSION_MAX_STATE_BYTES = env.int("SESSION_MAX_STATE_BYTES", default=1_000_000)
+SESSION_MAX_MESSAGES = env.int("SESSION_MAX_MESSAGES", default=2_000)
+# A dotted path to a callable(state=, lines=, picked=) -> str that writes the session summary
+# (e.g. with an LLM); empty: extractive, embedding-based, no LLM.
+SESSION_SUMMARIZER = env.str("SESSION_SUMMARIZER", default="")
+SPECTACULAR_SETTINGS["ENUM_NAME_OVERRIDES"].update(  # type: ignore[attr-defined]
+    {
+        "SessionStatusEnum": "sessions.models.Session.Status",
+        "ConsolidationStatusEnum": "sessions.models.Consolidation.Status",
+    }
+)

@@ -17,7 +17,7 @@ from kombu.exceptions import OperationalError
 
 from ferrum_memory.core.exceptions import Conflict
 from ferrum_memory.core.renderers import json_bytes
-from ferrum_memory.core.revisions import revision_mark_purged, revision_take
+from ferrum_memory.core.revisions import revision_purge_tombstones, revision_take
 
 from .models import Experience, ExperienceTombstone
 
@@ -289,10 +289,7 @@ def experience_purge_expired(*, now: datetime | None = None) -> int:
             break
         deleted += experience_delete_many(queryset=Experience.objects.filter(id__in=pks))
     horizon = now - timedelta(seconds=settings.REPLAY_TOMBSTONE_RETENTION)
-    with transaction.atomic():
-        old = ExperienceTombstone.objects.filter(deleted_at__lt=horizon)
-        through = old.aggregate(top=Max("revision"))["top"]
-        if through is not None:
-            old.delete()
-            revision_mark_purged(name=REVISION, through=through)
+    revision_purge_tombstones(
+        name=REVISION, tombstones=ExperienceTombstone.objects.filter(deleted_at__lt=horizon)
+    )
     return deleted

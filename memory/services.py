@@ -15,7 +15,7 @@ from django.db.models import F, QuerySet
 from django.utils import timezone
 
 from ferrum_memory.core.exceptions import ServiceError
-from ferrum_memory.core.revisions import revision_mark_purged, revision_take
+from ferrum_memory.core.revisions import revision_purge_tombstones, revision_take
 
 from .embeddings import get_embedder
 from .models import MemoryItem, MemoryTombstone
@@ -199,12 +199,9 @@ def memory_purge_expired(*, now: datetime | None = None) -> int:
     ):
         deleted += memory_delete_many(queryset=MemoryItem.objects.filter(id__in=pks))
     horizon = now - timedelta(seconds=settings.REPLAY_TOMBSTONE_RETENTION)
-    with transaction.atomic():
-        old = MemoryTombstone.objects.filter(deleted_at__lt=horizon)
-        through = max(old.values_list("revision", flat=True), default=None)
-        if through is not None:
-            old.delete()
-            revision_mark_purged(name=REVISION, through=through)
+    revision_purge_tombstones(
+        name=REVISION, tombstones=MemoryTombstone.objects.filter(deleted_at__lt=horizon)
+    )
     return deleted
 
 

@@ -29,10 +29,18 @@ def revision_state(*, name: str) -> tuple[int, int]:
     return row or (0, 0)
 
 
-def revision_mark_purged(*, name: str, through: int) -> None:
-    RevisionCounter.objects.filter(name=name, purged_through__lt=through).update(
-        purged_through=through
-    )
+def revision_purge_tombstones(*, name: str, tombstones: QuerySet[Any]) -> int:
+    """Delete `tombstones` (those older than the retention) and move counter `name`'s purge
+    horizon past them, so an index whose cursor is older rebuilds instead of missing deletes."""
+    with transaction.atomic():
+        through = max(tombstones.values_list("revision", flat=True), default=None)
+        if through is None:
+            return 0
+        deleted, _ = tombstones.delete()
+        RevisionCounter.objects.filter(name=name, purged_through__lt=through).update(
+            purged_through=through
+        )
+    return deleted
 
 
 @dataclass(frozen=True)

@@ -1,9 +1,9 @@
 import random
-import threading
 import time
+from functools import partial
 
 import pytest
-from django.db import connection, transaction
+from django.db import transaction
 
 from experience.models import Experience
 from experience.replay_index import ReplayIndex
@@ -13,6 +13,7 @@ from experience.services import (
     experience_purge_expired,
     experience_td_error_update,
 )
+from tests.concurrency import run_writers_against_reader
 from tests.experience.factories import experience_json, experience_jsons, store
 
 
@@ -31,55 +32,28 @@ def test_concurrent_writers_never_lose_a_committed_write():
     open after writing, while a reader catches up continuously. Afterwards the index must
     equal the DB exactly: a write skipped by the cursor would never be read again."""
     index = ReplayIndex()
-    stop = threading.Event()
-    errors: list[BaseException] = []
 
     def writer(number: int) -> None:
         rng = random.Random(number)
         mine: list[str] = []
-        try:
-            for step in range(30):
-                with transaction.atomic():
-                    action = rng.random()
-                    if mine and action < 0.3:
-                        experience_td_error_update(updates=[(rng.choice(mine), rng.uniform(-5, 5))])
-                    elif mine and action < 0.4:
-                        victim = mine.pop(rng.randrange(len(mine)))
-                        experience_delete_many(
-                            queryset=Experience.objects.filter(experience_id=victim)
-                        )
-                    else:
-                        payload = experience_json(
-                            id=f"w{number}-{step}", agent_id=f"agent-{number % 2}"
-                        )
-                        payload["experience_id"] = payload.pop("id")
-                        experience_create_many(items=[payload])
-                        mine.append(payload["experience_id"])
-                    time.sleep(rng.uniform(0, 0.004))  # commit late, still holding the revision
-        except BaseException as exc:  # noqa: BLE001 - reported by the main thread
-            errors.append(exc)
-        finally:
-            connection.close()
+        for step in range(30):
+            with transaction.atomic():
+                action = rng.random()
+                if mine and action < 0.3:
+                    experience_td_error_update(updates=[(rng.choice(mine), rng.uniform(-5, 5))])
+                elif mine and action < 0.4:
+                    victim = mine.pop(rng.randrange(len(mine)))
+                    experience_delete_many(queryset=Experience.objects.filter(experience_id=victim))
+                else:
+                    payload = experience_json(
+                        id=f"w{number}-{step}", agent_id=f"agent-{number % 2}"
+                    )
+                    payload["experience_id"] = payload.pop("id")
+                    experience_create_many(items=[payload])
+                    mine.append(payload["experience_id"])
+                time.sleep(rng.uniform(0, 0.004))  # commit late, still holding the revision
 
-    def reader() -> None:
-        try:
-            while not stop.is_set():
-                index.catch_up()
-        except BaseException as exc:  # noqa: BLE001 - reported by the main thread
-            errors.append(exc)
-        finally:
-            connection.close()
-
-    threads = [threading.Thread(target=writer, args=(n,)) for n in range(4)]
-    watcher = threading.Thread(target=reader)
-    watcher.start()
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    stop.set()
-    watcher.join()
-    assert not errors, errors
+    run_writers_against_reader([partial(writer, n) for n in range(4)], index.catch_up)
     index.catch_up()
     assert len(db_priorities()) > 40
     assert index.priorities() == db_priorities()

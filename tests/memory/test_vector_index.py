@@ -1,14 +1,14 @@
 import subprocess
 import sys
-import threading
+from functools import partial
 
 import pytest
-from django.db import connection
 
 from memory import vector_index
 from memory.models import MemoryItem
 from memory.services import memory_delete_many, memory_store_many, reset_model_check
 from memory.vector_index import EdgeEngine, ServerEngine, VectorIndex, get_vector_index
+from tests.concurrency import run_writers_against_reader
 
 
 def indexed_ids(index: VectorIndex, agent: str, query: str = "memory") -> set[str]:
@@ -62,41 +62,16 @@ def test_store_with_the_index_down_returns_201_and_is_indexed_later(api_client, 
 def test_concurrent_writers_never_lose_a_committed_write(settings):
     settings.MEMORY_NEAR_DUPLICATE = 1.01  # the texts are alike on purpose: keep every one
     index = get_vector_index()
-    stop = threading.Event()
-    errors: list[BaseException] = []
 
     def writer(number: int) -> None:
-        try:
-            for step in range(6):
-                stored = memory_store_many(
-                    items=[{"agent_id": "a", "content": f"memory {number} {step} {'x' * step}"}]
-                )
-                if step % 3 == 2:
-                    memory_delete_many(queryset=MemoryItem.objects.filter(pk=stored[0].item.pk))
-        except BaseException as exc:  # noqa: BLE001 - reported by the main thread
-            errors.append(exc)
-        finally:
-            connection.close()
+        for step in range(6):
+            stored = memory_store_many(
+                items=[{"agent_id": "a", "content": f"memory {number} {step} {'x' * step}"}]
+            )
+            if step % 3 == 2:
+                memory_delete_many(queryset=MemoryItem.objects.filter(pk=stored[0].item.pk))
 
-    def reader() -> None:
-        try:
-            while not stop.is_set():
-                index.catch_up()
-        except BaseException as exc:  # noqa: BLE001 - reported by the main thread
-            errors.append(exc)
-        finally:
-            connection.close()
-
-    threads = [threading.Thread(target=writer, args=(n,)) for n in range(3)]
-    watcher = threading.Thread(target=reader)
-    watcher.start()
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    stop.set()
-    watcher.join()
-    assert not errors, errors
+    run_writers_against_reader([partial(writer, n) for n in range(3)], index.catch_up)
     index.catch_up()
     assert indexed_ids(index, "a") == db_ids("a")
     assert len(db_ids("a")) == 12

@@ -10,6 +10,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from ferrum_memory.core.permissions import allowed_agent_ids, ensure_agent_allowed
+from ferrum_memory.core.validation import validate_one_or_many
 
 from . import serializers as s
 from .selectors import experience_get, experience_list, experience_stats, replay_sample
@@ -76,12 +77,9 @@ class ExperienceCollectionView(APIView):
         },
     )
     def post(self, request: Request) -> Response:
-        many = isinstance(request.data, list)
-        if many and not 1 <= len(request.data) <= s.MAX_BATCH:
-            raise ValidationError({"non_field_errors": [f"Send 1 to {s.MAX_BATCH} experiences."]})
-        serializer = s.ExperienceInSerializer(data=request.data, many=many)
-        serializer.is_valid(raise_exception=True)
-        items = serializer.validated_data if many else [serializer.validated_data]
+        items, many = validate_one_or_many(
+            s.ExperienceInSerializer, request.data, max_items=s.MAX_BATCH, noun="experiences"
+        )
         ids = [item.get("id") for item in items if item.get("id")]
         if len(ids) != len(set(ids)):
             raise ValidationError({"id": ["Each id may appear once in a list."]})

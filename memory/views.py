@@ -7,12 +7,12 @@ from drf_spectacular.utils import (
     extend_schema,
 )
 from rest_framework import status
-from rest_framework.exceptions import ValidationError
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from ferrum_memory.core.permissions import allowed_agent_ids, ensure_agent_allowed
+from ferrum_memory.core.validation import validate_one_or_many
 
 from . import serializers as s
 from .selectors import memory_get, memory_search
@@ -41,12 +41,9 @@ class MemoryStoreView(APIView):
         },
     )
     def post(self, request: Request) -> Response:
-        many = isinstance(request.data, list)
-        if many and not 1 <= len(request.data) <= s.MAX_BATCH:
-            raise ValidationError({"non_field_errors": [f"Send 1 to {s.MAX_BATCH} memory items."]})
-        serializer = s.MemoryInSerializer(data=request.data, many=many)
-        serializer.is_valid(raise_exception=True)
-        items = serializer.validated_data if many else [serializer.validated_data]
+        items, many = validate_one_or_many(
+            s.MemoryInSerializer, request.data, max_items=s.MAX_BATCH, noun="memory items"
+        )
         for item in items:
             ensure_agent_allowed(request, item["agent_id"])
         stored = memory_store_many(items=items)

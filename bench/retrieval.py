@@ -43,7 +43,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-DATA = Path("/work/shared/data")
+DATA = ROOT.parent / "shared" / "data"  # beside the clone, as the tests read it
 LOCOMO_FILE = DATA / "locomo" / "locomo10.json"
 SCIFACT_DIR = DATA / "scifact"
 MODES = ("hybrid", "dense", "sparse")
@@ -59,12 +59,15 @@ SCIFACT_LIMIT = 100  # memory_search's largest limit
 DIA_ID = re.compile(r"D(\d+):(\d+)")
 
 
-def setup_django(data_dir: str) -> None:
-    """Point the base settings at a throwaway data folder, then migrate it."""
+def setup_django(data_dir: str, *, keep_near_duplicates: bool = True) -> None:
+    """Point the base settings at a throwaway data folder, then migrate it. With
+    keep_near_duplicates every item is stored (recall benches); without, the service's own
+    merging applies (throughput benches)."""
     os.environ["DJANGO_SETTINGS_MODULE"] = "ferrum_memory.settings.base"
     os.environ["FERRUM_DATA_DIR"] = data_dir
     os.environ["DJANGO_SECRET_KEY"] = "bench"
-    os.environ["MEMORY_NEAR_DUPLICATE"] = NEAR_DUPLICATE_OFF
+    if keep_near_duplicates:
+        os.environ["MEMORY_NEAR_DUPLICATE"] = NEAR_DUPLICATE_OFF
     os.environ["HF_HUB_OFFLINE"] = "1"
     os.environ.setdefault("LOG_LEVEL", "WARNING")
     for name in ("DATABASE_URL", "SQLITE_PATH", "QDRANT_URL", "REDIS_URL"):

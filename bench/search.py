@@ -35,31 +35,18 @@ import numpy as np
 
 # Run as a plain script from anywhere: make the project importable.
 ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+for path in (ROOT, ROOT / "bench"):
+    if str(path) not in sys.path:
+        sys.path.insert(0, str(path))
 
-LOCOMO_FILE = Path("/work/shared/data/locomo/locomo10.json")
+from retrieval import setup_django  # noqa: E402 - after the path set-up
+
+LOCOMO_FILE = ROOT.parent / "shared" / "data" / "locomo" / "locomo10.json"
 TARGET_P95_MS = 20.0  # at 10^5 items
 TARGET_AT = 10**5
 SPREAD_AGENTS = 100
 INSERT_CHUNK = 2_000
 STORE_BATCH = 256  # the API's MAX_BATCH
-
-
-def setup_django(data_dir: str) -> None:
-    """Point the base settings at a throwaway data folder, then migrate it."""
-    os.environ["DJANGO_SETTINGS_MODULE"] = "ferrum_memory.settings.base"
-    os.environ["FERRUM_DATA_DIR"] = data_dir
-    os.environ["DJANGO_SECRET_KEY"] = "bench"
-    os.environ["HF_HUB_OFFLINE"] = "1"
-    os.environ.setdefault("LOG_LEVEL", "WARNING")
-    for name in ("DATABASE_URL", "SQLITE_PATH", "QDRANT_URL", "REDIS_URL"):
-        os.environ.pop(name, None)  # measure the embedded stack, whatever the shell says
-    import django
-    from django.core.management import call_command
-
-    django.setup()
-    call_command("migrate", verbosity=0)
 
 
 def locomo_texts() -> tuple[list[str], list[str]]:
@@ -293,7 +280,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--store-batched", type=int, default=1024, help="items stored in batches")
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="ferrum-bench-search-") as data_dir:
-        setup_django(data_dir)
+        setup_django(data_dir, keep_near_duplicates=False)
         print(
             f"python {platform.python_version()}, numpy {np.__version__}, {platform.machine()}, "
             f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f}"

@@ -5,11 +5,23 @@ import os
 import shutil
 from pathlib import Path
 
+from ferrum_memory.core.logs import logging_config
+
 bind = os.environ.get("GUNICORN_BIND", "127.0.0.1:8000")
 workers = int(os.environ.get("WEB_CONCURRENCY", "2"))
 threads = int(os.environ.get("GUNICORN_THREADS", "4"))
 timeout = 60
-accesslog = "-"
+# JSON lines like the rest of the service. The application logs one access line per request
+# with its request id and trace id (ferrum_memory.access), so gunicorn's own is silenced.
+logconfig_dict = {
+    **logging_config(os.environ.get("LOG_LEVEL", "INFO")),
+    "loggers": {
+        "gunicorn.error": {"propagate": True},
+        "gunicorn.access": {"propagate": False, "level": "CRITICAL"},
+    },
+}
+# Off: the app (and tracing, whose export thread does not survive a fork) loads in each worker.
+preload_app = False
 
 # Each worker process has its own Prometheus registry; multiprocess mode makes /metrics add
 # them up. The variable must be set before prometheus_client is imported in the workers.

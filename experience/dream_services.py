@@ -17,6 +17,8 @@ from django.db.models import Count, F, Max, Q, QuerySet
 from django.utils import timezone
 
 from ferrum_memory.core.exceptions import Conflict, ServiceError
+from ferrum_memory.core.metrics import DREAM_CYCLES
+from ferrum_memory.core.telemetry import traced
 
 from .dream_selectors import dream_agents_due, dream_cycle_get
 from .models import DreamCycle, DreamCycleItem, DreamLock
@@ -75,6 +77,7 @@ def dream_run_lock() -> Iterator[bool]:
 # Recording cycles ------------------------------------------------------------------------------
 
 
+@traced("dream.cycle", lambda **call: {"agent_id": call["agent_id"]}, done=DREAM_CYCLES)
 def dream_cycle_run(
     *, agent_id: str, seed: int | None = None, now: datetime | None = None
 ) -> DreamCycle:

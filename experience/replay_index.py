@@ -14,6 +14,7 @@ import numpy as np
 
 from ferrum_memory.core.db_functions import EpochSeconds
 from ferrum_memory.core.revisions import revision_changes
+from ferrum_memory.core.telemetry import index_catch_up
 
 from .models import Experience, ExperienceTombstone
 from .sumtree import Float64Array, Int64Array, PriorityIndex, importance_weights, sample_weights
@@ -65,6 +66,7 @@ class ReplayIndex:
         with self._lock:
             self._catch_up()
 
+    @index_catch_up(REVISION)
     def _catch_up(self) -> None:
         changes = revision_changes(
             name=REVISION,

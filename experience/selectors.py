@@ -26,6 +26,8 @@ from django.utils import timezone
 
 from ferrum_memory.core.db_functions import EpochSeconds
 from ferrum_memory.core.exceptions import Conflict, NotFound
+from ferrum_memory.core.metrics import REPLAY_SAMPLE_SECONDS
+from ferrum_memory.core.telemetry import traced
 
 from .models import Experience
 from .replay_index import BufferTooSmall, get_replay_index
@@ -173,6 +175,16 @@ class ReplayBatch:
     items: list[ReplayItem]
 
 
+@traced(
+    "replay.sample",
+    lambda **call: {
+        "strategy": call["strategy"],
+        "batch_size": call["batch_size"],
+        "agent_id": call.get("agent_id") or "",
+    },
+    result_count=lambda batch: len(batch.items),
+    latency=lambda **call: REPLAY_SAMPLE_SECONDS.labels(strategy=call["strategy"]),
+)
 def replay_sample(
     *,
     strategy: str,

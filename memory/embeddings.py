@@ -18,6 +18,8 @@ import numpy.typing as npt
 from django.conf import settings
 
 from ferrum_memory.core.exceptions import ServiceError
+from ferrum_memory.core.metrics import EMBEDDING_BATCH_SIZE, EMBEDDING_SECONDS
+from ferrum_memory.core.telemetry import traced
 
 DEFAULT_MODEL = "sentence-transformers/all-MiniLM-L6-v2"
 # sentence-transformers' max_seq_length for MiniLM-L6-v2.
@@ -104,12 +106,22 @@ class Embedder:
         self._bm25 = Bm25(Bm25Config())
         self.dim = int(self.embed_query("dimension probe").shape[0])
 
+    @traced(
+        "embedding.documents",
+        lambda self, texts: {"model": self.model_name, "batch_size": len(texts)},
+        latency=lambda self, texts: _observed("documents", len(texts)),
+    )
     def embed_documents(self, texts: list[str]) -> FloatMatrix:
         if not texts:
             return np.zeros((0, self.dim), dtype=np.float32)
         vectors = np.stack(list(self._dense.embed(texts, batch_size=DOCUMENT_BATCH)))
         return _normalised(vectors)
 
+    @traced(
+        "embedding.query",
+        lambda self, text: {"model": self.model_name, "batch_size": 1},
+        latency=lambda self, text: _observed("query", 1),
+    )
     def embed_query(self, text: str) -> npt.NDArray[np.float32]:
         return _normalised(np.stack(list(self._dense.query_embed(text))))[0]
 
@@ -120,6 +132,12 @@ class Embedder:
     def sparse_query(self, text: str) -> SparseVector:
         vector = self._bm25.embed_query(text)
         return SparseVector(list(vector.indices), list(vector.values))
+
+
+def _observed(kind: str, batch_size: int) -> Any:
+    """The latency histogram of `kind`, once its batch size is recorded."""
+    EMBEDDING_BATCH_SIZE.labels(kind=kind).observe(batch_size)
+    return EMBEDDING_SECONDS.labels(kind=kind)
 
 
 def _normalised(vectors: npt.NDArray[Any]) -> FloatMatrix:

@@ -10,6 +10,7 @@ from django.db.models import Count, Q, QuerySet
 from django.utils import timezone
 
 from ferrum_memory.core.exceptions import NotFound
+from ferrum_memory.core.telemetry import traced
 
 from .embeddings import get_embedder, get_reranker
 from .models import MemoryItem
@@ -44,6 +45,16 @@ class MemoryHit:
     score: float
 
 
+@traced(
+    "memory.search",
+    lambda **call: {
+        "agent_id": call["agent_id"],
+        "mode": call.get("mode", "hybrid"),
+        "limit": call.get("limit", 10),
+        "rerank": call.get("rerank", False),
+    },
+    result_count=len,
+)
 def memory_search(
     *,
     query: str,

@@ -27,6 +27,7 @@ from django.conf import settings
 
 from ferrum_memory.core.exceptions import Unavailable
 from ferrum_memory.core.revisions import revision_changes
+from ferrum_memory.core.telemetry import index_catch_up, traced
 
 from .embeddings import SparseVector, get_embedder
 from .models import MemoryItem, MemoryTombstone, VectorIndexCursor
@@ -424,6 +425,7 @@ class VectorIndex:
         with self._lock:
             self._catch_up()
 
+    @index_catch_up(REVISION)
     def _catch_up(self) -> None:
         embedder = get_embedder()
         state = self.engine.load_state()
@@ -449,6 +451,11 @@ class VectorIndex:
             self.engine.upsert([_point(row, embedder.model_name) for row in chunk])
         self.engine.save_state({"cursor": changes.upper, "model": embedder.model_name})
 
+    @traced(
+        "vector_index.search",
+        lambda self, **call: {"agent_id": call["flt"].agent_id, "mode": call["mode"]},
+        result_count=len,
+    )
     def search(
         self, *, mode: str, dense: list[float], sparse: SparseVector, flt: SearchFilter, limit: int
     ) -> list[tuple[uuid.UUID, float]]:

@@ -20,6 +20,7 @@ from django.db import IntegrityError
 from django.utils import timezone
 
 from ferrum_memory.core.exceptions import Unavailable
+from ferrum_memory.core.metrics import WORKING_MEMORY_ERRORS
 
 from .models import WorkingMemoryEntry
 
@@ -161,6 +162,7 @@ class RedisStore(WorkingMemoryStore):
         self._create = self.client.register_script(_CREATE)
 
     def _down(self, exc: Exception) -> WorkingMemoryUnavailable:
+        WORKING_MEMORY_ERRORS.labels(engine=self.engine).inc()
         logger.warning("working memory (Redis) unavailable: %s", exc)
         return WorkingMemoryUnavailable(
             f"Working memory is unavailable: Redis at {redacted(self.url)} does not answer "

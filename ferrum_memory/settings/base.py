@@ -10,6 +10,8 @@ from pathlib import Path
 
 import environ
 
+from ferrum_memory.core.logs import logging_config
+
 BASE_DIR = Path(__file__).resolve().parent.parent.parent
 
 env = environ.Env()
@@ -71,6 +73,9 @@ INSTALLED_APPS = [
 
 MIDDLEWARE = [
     "django_prometheus.middleware.PrometheusBeforeMiddleware",
+    # Request id, per-operation latency and the access line; inside the request's span, which
+    # the OpenTelemetry Django instrumentation puts first when tracing is on.
+    "ferrum_memory.core.telemetry.RequestTelemetryMiddleware",
     "django.middleware.security.SecurityMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
@@ -164,6 +169,8 @@ CELERY_TASK_TIME_LIMIT = 360
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 CELERY_BEAT_SCHEDULER = "django_celery_beat.schedulers:DatabaseScheduler"
 CELERY_TIMEZONE = TIME_ZONE
+# The worker logs through LOGGING below (JSON lines with the ids), not Celery's own format.
+CELERY_WORKER_HIJACK_ROOT_LOGGER = False
 
 # QDRANT, EMBEDDINGS, WORKING MEMORY, REPLAY
 # ------------------------------------------------------------------------------
@@ -182,7 +189,6 @@ MEMORY_NEAR_DUPLICATE = env.float("MEMORY_NEAR_DUPLICATE", default=0.95)
 DEFAULT_MEMORY_TTL = env.int("DEFAULT_MEMORY_TTL", default=0)
 DEFAULT_REPLAY_TTL = env.int("DEFAULT_REPLAY_TTL", default=86400)
 DEFAULT_WORKING_MEM_TTL = env.int("DEFAULT_WORKING_MEM_TTL", default=86400)
-OTEL_SERVICE_NAME = env.str("OTEL_SERVICE_NAME", default="ferrum-memory")
 
 # API
 # ------------------------------------------------------------------------------
@@ -218,14 +224,15 @@ SPECTACULAR_SETTINGS = {
     },
 }
 
-# LOGGING
+# OBSERVABILITY (see ferrum_memory/core/telemetry.py and the README's Observability section)
 # ------------------------------------------------------------------------------
-LOGGING = {
-    "version": 1,
-    "disable_existing_loggers": False,
-    "handlers": {"console": {"class": "logging.StreamHandler"}},
-    "root": {"handlers": ["console"], "level": env.str("LOG_LEVEL", default="INFO")},
-}
+# JSON lines on stderr with the request id and trace id, from every process.
+LOGGING = logging_config(env.str("LOG_LEVEL", default="INFO"))
+OTEL_SERVICE_NAME = env.str("OTEL_SERVICE_NAME", default="ferrum-memory")
+# An OTLP/HTTP collector, e.g. http://otel-collector:4318; empty: tracing is off.
+OTEL_EXPORTER_OTLP_ENDPOINT = env.str("OTEL_EXPORTER_OTLP_ENDPOINT", default="")
+# host:port where the Celery worker serves its Prometheus metrics; empty: not served.
+WORKER_METRICS_BIND = env.str("WORKER_METRICS_BIND", default="")
 
 # REPLAY (prioritized experience replay, Schaul et al. 2015)
 # ------------------------------------------------------------------------------

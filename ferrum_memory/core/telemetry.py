@@ -65,20 +65,20 @@ def setup_tracing(exporter: "SpanExporter | None" = None) -> bool:
     global _traced_pid
     if _traced_pid == os.getpid():
         return True
+    if exporter is None and not settings.OTEL_EXPORTER_OTLP_ENDPOINT:
+        return False  # off: not even the SDK is imported
     from opentelemetry.sdk.resources import SERVICE_NAME, Resource
     from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor
 
     if exporter is not None:
         processor: Any = SimpleSpanProcessor(exporter)
-    elif settings.OTEL_EXPORTER_OTLP_ENDPOINT:
+    else:
         from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 
         # The base endpoint, as the OTLP spec defines it; traces go to its /v1/traces.
         endpoint = settings.OTEL_EXPORTER_OTLP_ENDPOINT.rstrip("/") + "/v1/traces"
         processor = BatchSpanProcessor(OTLPSpanExporter(endpoint=endpoint))
-    else:
-        return False
     # The sampler follows OTEL_TRACES_SAMPLER (default: parent-based, always on).
     provider = TracerProvider(resource=Resource.create({SERVICE_NAME: settings.OTEL_SERVICE_NAME}))
     provider.add_span_processor(processor)

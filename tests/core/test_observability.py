@@ -16,7 +16,7 @@ from typing import Any
 from urllib.request import urlopen
 
 import pytest
-from django.db import transaction
+from django.db import connection, connections, transaction
 from django_celery_beat.models import PeriodicTask
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.sdk.trace import ReadableSpan
@@ -46,6 +46,8 @@ def traced() -> Iterator[InMemorySpanExporter]:
     """Tracing on in this process, to memory; the library instrumentation is undone after the
     module (the provider, global and set once per process, stays)."""
     assert setup_tracing(EXPORTER)
+    # Connections opened before tracing are not traced: the next query opens a traced one.
+    connections.close_all()
     yield EXPORTER
     uninstrument()
 
@@ -60,7 +62,6 @@ def spans(traced: InMemorySpanExporter) -> InMemorySpanExporter:
 def fresh_engines(settings, tmp_path):
     settings.DATA_DIR = tmp_path
     settings.QDRANT_URL = ""
-    settings.REDIS_URL = ""
     reset_vector_index()
     reset_model_check()
     reset_working_memory()
@@ -88,8 +89,12 @@ def parent_id(span: ReadableSpan) -> int | None:
 
 
 def children(spans: InMemorySpanExporter, span: ReadableSpan) -> list[ReadableSpan]:
-    """The spans right under `span`, in the order they started."""
-    below = [s for s in spans.get_finished_spans() if parent_id(s) == span.context.span_id]
+    """Our spans right under `span` (not the database's), in the order they started."""
+    below = [
+        s
+        for s in spans.get_finished_spans()
+        if parent_id(s) == span.context.span_id and not attrs(s).get("db.system")
+    ]
     return sorted(below, key=lambda s: s.start_time or 0)
 
 
@@ -155,6 +160,10 @@ def test_store_then_search_is_traced_with_our_spans_under_each_request(api_clien
     assert attrs(vector_search)["result_count"] >= 1
     (catch_up,) = children(spans, vector_search)
     assert catch_up.name == "index.catch_up" and attrs(catch_up)["index"] == "memory"
+
+    if connection.vendor == "postgresql":  # psycopg's instrumentation; SQLite has none
+        queries = [s for s in spans.get_finished_spans() if attrs(s).get("db.system")]
+        assert any("POST memory/store" in ancestors(spans, query) for query in queries)
 
     # Ids and sizes only: memory content never goes into a span.
     for span in spans.get_finished_spans():

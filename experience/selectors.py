@@ -26,7 +26,7 @@ from django.utils import timezone
 
 from ferrum_memory.core.db_functions import EpochSeconds
 from ferrum_memory.core.exceptions import Conflict, NotFound
-from ferrum_memory.core.metrics import REPLAY_SAMPLE_SECONDS
+from ferrum_memory.core.metrics import replay_sample_seconds
 from ferrum_memory.core.telemetry import traced
 
 from .models import Experience
@@ -183,7 +183,7 @@ class ReplayBatch:
         "agent_id": call.get("agent_id") or "",
     },
     result_count=lambda batch: len(batch.items),
-    latency=lambda **call: REPLAY_SAMPLE_SECONDS.labels(strategy=call["strategy"]),
+    latency=lambda **call: replay_sample_seconds(call["strategy"]),
 )
 def replay_sample(
     *,

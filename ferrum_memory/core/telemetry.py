@@ -3,10 +3,11 @@
 `setup_tracing()` runs once in each serving process, after any fork: wsgi.py (so in each
 gunicorn worker), the Celery worker's processes and beat (ferrum_memory/celery.py), manage.py.
 With OTEL_EXPORTER_OTLP_ENDPOINT empty it does nothing: no provider, no instrumentation, and
-the `tracer` below stays OpenTelemetry's no-op one, so a span on a hot path costs a few
-hundred nanoseconds and never touches the network.
+our spans are skipped (see `_span`), so the hot paths pay nothing and nothing touches the
+network.
 """
 
+import contextlib
 import functools
 import logging
 import os
@@ -38,6 +39,13 @@ tracer = trace.get_tracer("ferrum_memory")
 F = TypeVar("F", bound=Callable[..., Any])
 
 _traced_pid: int | None = None
+# Whether our own spans are made: set once by setup_tracing(), read by `_span`.
+_tracing = False
+# Even the no-op tracer's span context manager costs a few microseconds a call, which shows
+# on the ~1 ms replay path; with tracing off `_span` hands out this shared no-op instead.
+_NO_SPAN = contextlib.nullcontext(trace.INVALID_SPAN)
+# The last lag each index reported, so a catch-up that changes nothing writes no metric.
+_lags: dict[str, float] = {}
 
 
 def _instrumentors() -> list[Any]:
@@ -62,7 +70,7 @@ def setup_tracing(exporter: "SpanExporter | None" = None) -> bool:
     `exporter` (tests). Returns whether tracing is on. Idempotent within a process.
 
     Call it after a fork: the batch processor's export thread does not survive one."""
-    global _traced_pid
+    global _traced_pid, _tracing
     if _traced_pid == os.getpid():
         return True
     if exporter is None and not settings.OTEL_EXPORTER_OTLP_ENDPOINT:
@@ -87,17 +95,32 @@ def setup_tracing(exporter: "SpanExporter | None" = None) -> bool:
         if not instrumentor.is_instrumented_by_opentelemetry:
             instrumentor.instrument()
     _traced_pid = os.getpid()
+    _tracing = True
     logger.info("tracing to %s", settings.OTEL_EXPORTER_OTLP_ENDPOINT or "a test exporter")
     return True
 
 
-def uninstrument() -> None:
-    """Undo the library instrumentation (tests); our own spans keep going to the provider."""
-    global _traced_pid
+def teardown_tracing() -> None:
+    """Undo the library instrumentation and stop our spans (tests: the provider, global and
+    set once per process, stays)."""
+    global _traced_pid, _tracing
     for instrumentor in _instrumentors():
         if instrumentor.is_instrumented_by_opentelemetry:
             instrumentor.uninstrument()
     _traced_pid = None
+    _tracing = False
+
+
+def _span(name: str, attributes: Attributes = None) -> Any:
+    if not _tracing:
+        return _NO_SPAN
+    return tracer.start_as_current_span(name, attributes=attributes)
+
+
+def _set_lag(revision: str, lag: float) -> None:
+    if _lags.get(revision) != lag:
+        INDEX_LAG.labels(index=revision).set(lag)
+        _lags[revision] = lag
 
 
 def traced(
@@ -119,7 +142,7 @@ def traced(
         @functools.wraps(function)
         def wrapper(*args: Any, **kwargs: Any) -> Any:
             started = time.perf_counter()
-            with tracer.start_as_current_span(name) as span:
+            with _span(name) as span:
                 recording = span.is_recording()
                 if recording and attributes is not None:
                     span.set_attributes(attributes(*args, **kwargs) or {})
@@ -142,15 +165,17 @@ def index_catch_up(revision: str) -> Callable[[F], F]:
     gauge: 0 after a catch-up, DB revision minus the cursor when one fails."""
 
     def decorator(function: F) -> F:
+        attributes = {"index": revision}
+
         @functools.wraps(function)
         def wrapper(index: Any) -> Any:
-            with tracer.start_as_current_span("index.catch_up", attributes={"index": revision}):
+            with _span("index.catch_up", attributes):
                 try:
                     result = function(index)
                 except BaseException:
                     _record_lag(revision, index)
                     raise
-            INDEX_LAG.labels(index=revision).set(0)
+            _set_lag(revision, 0)
             return result
 
         return wrapper  # type: ignore[return-value]
@@ -162,7 +187,7 @@ def _record_lag(revision: str, index: Any) -> None:
     from .revisions import revision_state
 
     try:
-        INDEX_LAG.labels(index=revision).set(revision_state(name=revision)[0] - index.cursor)
+        _set_lag(revision, revision_state(name=revision)[0] - index.cursor)
     except Exception:  # the DB or the index is down too: keep the last known lag
         logger.warning("could not measure the lag of the %s index", revision, exc_info=True)
 

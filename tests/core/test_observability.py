@@ -26,7 +26,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from pythonjsonlogger.json import JsonFormatter
 
 from ferrum_memory.core.revisions import revision_take
-from ferrum_memory.core.telemetry import setup_tracing, uninstrument
+from ferrum_memory.core.telemetry import setup_tracing, teardown_tracing
 from memory.models import MemoryItem
 from memory.services import reset_model_check
 from memory.vector_index import EmbeddingModelMismatch, get_vector_index, reset_vector_index
@@ -43,13 +43,12 @@ EXPORTER = InMemorySpanExporter()
 
 @pytest.fixture(scope="module")
 def traced() -> Iterator[InMemorySpanExporter]:
-    """Tracing on in this process, to memory; the library instrumentation is undone after the
-    module (the provider, global and set once per process, stays)."""
+    """Tracing on in this process, to memory, for this module's tests; then off again."""
     assert setup_tracing(EXPORTER)
     # Connections opened before tracing are not traced: the next query opens a traced one.
     connections.close_all()
     yield EXPORTER
-    uninstrument()
+    teardown_tracing()
 
 
 @pytest.fixture

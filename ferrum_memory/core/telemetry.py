@@ -189,7 +189,8 @@ def _record_lag(revision: str, index: Any) -> None:
     try:
         _set_lag(revision, revision_state(name=revision)[0] - index.cursor)
     except Exception:  # the DB or the index is down too: keep the last known lag
-        logger.warning("could not measure the lag of the %s index", revision, exc_info=True)
+        # The caller reports the failure itself; this would repeat it on every request.
+        logger.debug("could not measure the lag of the %s index", revision, exc_info=True)
 
 
 # Requests --------------------------------------------------------------------------------------
@@ -217,6 +218,11 @@ def _request_id(request: HttpRequest) -> Iterator[str]:
         logs.request_id.reset(token)
 
 
+def _level(status: int) -> int:
+    """Errors and failed requests stand out, as in Django's own request log."""
+    return logging.ERROR if status >= 500 else logging.WARNING if status >= 400 else logging.INFO
+
+
 class RequestTelemetryMiddleware:
     """Per request: the request id (kept from X-Request-ID or made, returned in X-Request-ID),
     the latency histogram per operation, and one JSON access line carrying both ids."""
@@ -234,7 +240,8 @@ class RequestTelemetryMiddleware:
             API_REQUEST_SECONDS.labels(
                 operation=operation, method=request.method, status=response.status_code
             ).observe(seconds)
-            access_logger.info(
+            access_logger.log(
+                _level(response.status_code),
                 "%s %s %s",
                 request.method,
                 request.path,
@@ -248,4 +255,8 @@ class RequestTelemetryMiddleware:
                 },
             )
         response["X-Request-ID"] = request_id
+        # Django would log a 4xx or 5xx answer again after this middleware returns, without the
+        # ids ("Service Unavailable: /health"); the access line above says it with them.
+        # (An exception's traceback is logged inside the middleware chain, with the ids.)
+        response._has_been_logged = True  # type: ignore[attr-defined]
         return response

@@ -9,6 +9,7 @@ import socket
 import subprocess
 import sys
 import threading
+import uuid
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -405,25 +406,30 @@ def log_lines() -> Iterator[io.StringIO]:
 
 @pytest.mark.django_db
 def test_log_lines_are_json_with_the_request_id_and_trace_id(api_client, spans, log_lines):
-    logging.getLogger("memory").warning("a line from inside a view")
-    response = api_client.post(
+    logging.getLogger("memory").warning("a line outside any request")
+    stored = api_client.post(
         "/memory/store",
         {"agent_id": AGENT, "content": SECRET},
         format="json",
         HTTP_X_REQUEST_ID="req-7",
     )
-    assert response["X-Request-ID"] == "req-7"
-    request = one(spans, "POST memory/store")
-    lines = [json.loads(line) for line in log_lines.getvalue().splitlines()]
-    outside, *inside = lines
+    assert stored["X-Request-ID"] == "req-7"
+    missing = api_client.get(f"/memory/{uuid.uuid4()}", HTTP_X_REQUEST_ID="req-8")
+    assert missing.status_code == 404 and missing["X-Request-ID"] == "req-8"
+    traces = {
+        "req-7": format(one(spans, "POST memory/store").context.trace_id, "032x"),
+        "req-8": format(one(spans, "GET memory/<uuid:point_id>").context.trace_id, "032x"),
+    }
+
+    outside, *inside = [json.loads(line) for line in log_lines.getvalue().splitlines()]
     assert outside["request_id"] is None and outside["trace_id"] is None
-    assert inside, lines
+    assert {line["request_id"] for line in inside} == {"req-7", "req-8"}
     for line in inside:
-        assert line["request_id"] == "req-7"
-        assert line["trace_id"] == format(request.context.trace_id, "032x")
-        assert {"time", "level", "logger", "message", "span_id"} <= line.keys()
-    access = next(line for line in inside if line["logger"] == "ferrum_memory.access")
-    assert access["status"] == 201 and access["operation"] == "memory/store"
+        assert line["trace_id"] == traces[line["request_id"]]
+        assert {"time", "level", "logger", "message", "span_id", "task_id"} <= line.keys()
+    access = [line for line in inside if line["logger"] == "ferrum_memory.access"]
+    assert [(line["status"], line["level"]) for line in access] == [(201, "INFO"), (404, "WARNING")]
+    assert access[0]["operation"] == "memory/store"
 
 
 @pytest.mark.django_db

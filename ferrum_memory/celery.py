@@ -5,6 +5,7 @@ the enqueuing request's id carried to the task in a message header, task outcome
 and the worker's metrics served on WORKER_METRICS_BIND.
 """
 
+import logging
 import os
 from pathlib import Path
 from typing import Any
@@ -18,6 +19,7 @@ app.config_from_object("django.conf:settings", namespace="CELERY")
 app.autodiscover_tasks()
 
 REQUEST_ID_HEADER = "request_id"
+logger = logging.getLogger(__name__)
 
 
 @signals.worker_init.connect
@@ -27,9 +29,10 @@ def _worker_init(sender: Any, **kwargs: Any) -> None:
 
     from ferrum_memory.core.telemetry import setup_tracing
 
-    if not issubclass(get_implementation(sender.pool_cls), TaskPool):
+    prefork = issubclass(get_implementation(sender.pool_cls), TaskPool)
+    if not prefork:
         setup_tracing()  # solo or threads: the tasks run in this process
-    _serve_metrics()
+    _serve_metrics(prefork=prefork)
 
 
 @signals.worker_process_init.connect
@@ -54,7 +57,7 @@ def _beat_init(**kwargs: Any) -> None:
     setup_tracing()  # a scheduled flow's trace starts at beat's publish
 
 
-def _serve_metrics() -> None:
+def _serve_metrics(*, prefork: bool) -> None:
     """Serve this worker's metrics on WORKER_METRICS_BIND (host:port). With prefork children
     they need PROMETHEUS_MULTIPROC_DIR set, to a folder of the worker's own (not the web's)."""
     from django.conf import settings
@@ -70,6 +73,11 @@ def _serve_metrics() -> None:
                 stale.unlink()
         registry = CollectorRegistry()
         multiprocess.MultiProcessCollector(registry)
+    elif prefork:
+        logger.warning(
+            "WORKER_METRICS_BIND without PROMETHEUS_MULTIPROC_DIR: the metrics of the prefork "
+            "children, which run the tasks, are not served"
+        )
     host, _, port = settings.WORKER_METRICS_BIND.rpartition(":")
     start_http_server(int(port), addr=host or "0.0.0.0", registry=registry)
 

@@ -15,7 +15,6 @@ import re
 import time
 import uuid
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from django.conf import settings
@@ -207,7 +206,7 @@ def _operation(request: HttpRequest) -> str:
     return "admin" if match.route.startswith("admin/") else match.route
 
 
-@contextmanager
+@contextlib.contextmanager
 def _request_id(request: HttpRequest) -> Iterator[str]:
     incoming = request.headers.get("X-Request-ID", "")
     value = incoming if _REQUEST_ID.fullmatch(incoming) else uuid.uuid4().hex

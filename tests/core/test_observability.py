@@ -111,7 +111,7 @@ def ancestors(spans: InMemorySpanExporter, span: ReadableSpan) -> list[str]:
 # Traces -------------------------------------------------------------------------------------
 
 
-def test_tracing_is_off_without_an_endpoint():
+def test_tracing_is_off_without_an_endpoint(tmp_path):
     # A fresh process, as a web or worker process starts (the one running the tests traces):
     # no provider, no library instrumented, our spans are the no-op ones.
     code = (
@@ -123,7 +123,7 @@ def test_tracing_is_off_without_an_endpoint():
         "instrumented = any(m.startswith('opentelemetry.instrumentation') for m in sys.modules);"
         "print(on, span.is_recording(), instrumented, type(trace.get_tracer_provider()).__name__)"
     )
-    env = {**process_env(Path("/nonexistent")), "OTEL_EXPORTER_OTLP_ENDPOINT": ""}
+    env = {**process_env(tmp_path), "OTEL_EXPORTER_OTLP_ENDPOINT": ""}
     result = subprocess.run(
         [sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, check=True
     )

@@ -2,6 +2,7 @@
 database, and a redis-server of the test's own that the test stops and starts again."""
 
 import http.client
+import os
 import shutil
 import socket
 import subprocess
@@ -16,6 +17,7 @@ import orjson
 import pytest
 
 from tests.conftest import require_service
+from tests.experience.conftest import send_tasks_to  # noqa: F401 - a fixture
 from tests.experience.test_dream_e2e import ROOT, process_env, wait_for
 
 REDIS_SERVER = shutil.which("redis-server") or "/usr/bin/redis-server"
@@ -163,3 +165,48 @@ def redis_server(tmp_path: Path) -> Iterator[RedisServer]:
         yield server
     finally:
         server.stop()
+
+
+@contextmanager
+def worker_process(tmp_path: Path, name: str, **env: str) -> Iterator[subprocess.Popen[bytes]]:
+    """A Celery worker (solo pool: the task runs in this very process) on the test's database
+    and broker (tests/experience/test_dream_e2e.py), logging to `{name}.log`; stopped at the
+    end unless the test killed it."""
+    log_path = tmp_path / f"{name}.log"
+    command = [
+        sys.executable,
+        "-m",
+        "celery",
+        "-A",
+        "ferrum_memory",
+        "worker",
+        "--pool=solo",
+        "--loglevel=INFO",
+        "--without-gossip",
+        "--without-mingle",
+        "--without-heartbeat",
+        f"--hostname={name}-{os.getpid()}@%h",
+    ]
+    with log_path.open("wb") as log:
+        worker = subprocess.Popen(
+            command,
+            cwd=ROOT,
+            env={**process_env(tmp_path), **env},
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+    try:
+        wait_for(
+            lambda: " ready." in log_path.read_text(),
+            lambda: log_path.read_text()[-4000:],
+            f"worker {name}",
+        )
+        yield worker
+    finally:
+        if worker.poll() is None:
+            worker.terminate()
+            try:
+                worker.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                worker.kill()
+                worker.wait(timeout=10)

@@ -87,7 +87,14 @@ def web_process(tmp_path: Path, key: str, **env: str) -> Iterator[Web]:
     gunicorn = Path(sys.executable).parent / "gunicorn"
     with log_path.open("wb") as log:
         server = subprocess.Popen(
-            [str(gunicorn), "ferrum_memory.wsgi:application", "--config", "gunicorn.conf.py"],
+            [
+                str(gunicorn),
+                "ferrum_memory.wsgi:application",
+                "--config",
+                "gunicorn.conf.py",
+                # Its default socket is one per user ($HOME/.gunicorn): leave it to others.
+                "--no-control-socket",
+            ],
             cwd=ROOT,
             env=environment,
             stdout=log,

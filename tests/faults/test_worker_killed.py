@@ -60,8 +60,10 @@ def test_a_worker_killed_mid_consolidation_is_taken_over_and_consolidates_once(
         assert closed.status_code == 202, closed.json()
         task_id = closed.json()["task_id"]
 
-        wait_for(marker.exists, logs, "the worker to be inside the consolidation")
-        assert int(marker.read_text()) == first.pid
+        hung = wait_for(
+            lambda: marker.exists() and marker.read_text(), logs, "the worker to hang in it"
+        )
+        assert int(hung) == first.pid
         first.send_signal(signal.SIGKILL)
         first.wait(timeout=20)
     consolidation = Consolidation.objects.get(session_id=sid)

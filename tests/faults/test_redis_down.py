@@ -51,6 +51,7 @@ def test_sessions_are_503_while_redis_is_down_and_recover_and_nothing_else_is_af
         assert replay.status == 200, replay.body  # its draws are counted without the broker
         assert replay.json()["items"][0]["experience"]["id"] == "exp-during-outage"
         assert web.call("GET", "/experience/stats").status == 200
+        assert web.call("GET", "/stats").status == 200
         memory = web.call(
             "POST", "/memory/store", {"agent_id": AGENT, "content": "Redis went down at noon."}
         )

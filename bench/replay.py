@@ -412,16 +412,18 @@ def _checked(client: _Client, method: str, path: str, body: bytes | None = None)
 
 
 @contextlib.contextmanager
-def _gunicorn(env: dict[str, str], log_path: Path) -> Iterator[tuple[int, int]]:
+def _gunicorn(
+    env: dict[str, str], log_path: Path, workers: int = 1, threads: int = 4
+) -> Iterator[tuple[int, int]]:
     """Run the web process as deployed, yield its port and pid, and always stop it."""
     port = _free_port()
     server_env = {
         **env,
         "GUNICORN_BIND": f"127.0.0.1:{port}",
-        # One process: the replay index lives in each process, so it is built once and every
-        # request samples the same one. Its 4 threads still serve requests concurrently.
-        "WEB_CONCURRENCY": "1",
-        "GUNICORN_THREADS": "4",
+        # One process by default: the replay index lives in each process, so it is built once
+        # and every request samples the same one. Its threads serve requests concurrently.
+        "WEB_CONCURRENCY": str(workers),
+        "GUNICORN_THREADS": str(threads),
     }
     gunicorn = Path(sys.executable).parent / "gunicorn"
     command = [str(gunicorn), "ferrum_memory.wsgi:application", "--config", "gunicorn.conf.py"]

@@ -396,6 +396,14 @@ def _server_filter(flt: SearchFilter) -> Any:
     return models.Filter(must=must, must_not=[expired])
 
 
+def _server_down() -> tuple[type[Exception], ...]:
+    """qdrant-client's errors for a server that does not answer, or answers with an error
+    (imported only when an exception is being matched: the client is slow to import)."""
+    from qdrant_client.http.exceptions import ResponseHandlingException, UnexpectedResponse
+
+    return (ResponseHandlingException, UnexpectedResponse)
+
+
 def _load_server_state(key: str) -> dict[str, Any]:
     row = VectorIndexCursor.objects.filter(name=key).first()
     return {"cursor": row.cursor, "model": row.embedding_model} if row else {}
@@ -461,8 +469,16 @@ class VectorIndex:
     ) -> list[tuple[uuid.UUID, float]]:
         # One thread at a time: a shard is not shared between threads mid-update.
         with self._lock:
-            self._catch_up()
-            return self.engine.search(mode=mode, dense=dense, sparse=sparse, flt=flt, limit=limit)
+            try:
+                self._catch_up()
+                return self.engine.search(
+                    mode=mode, dense=dense, sparse=sparse, flt=flt, limit=limit
+                )
+            except _server_down() as exc:
+                raise Unavailable(
+                    "The vector index (Qdrant server) does not answer: search is unavailable "
+                    "until it is back. Stores are still accepted and indexed when it returns."
+                ) from exc
 
     def close(self) -> None:
         self.engine.close()

@@ -1,12 +1,18 @@
 """Domain errors and how the API shows them: JSON always, never an HTML error page."""
 
+import logging
 from typing import Any
 
 from django.core.exceptions import ValidationError as DjangoValidationError
+from django.db import OperationalError
 from django.http import HttpRequest, JsonResponse
 from rest_framework import exceptions, status
 from rest_framework.response import Response
 from rest_framework.views import exception_handler
+
+logger = logging.getLogger(__name__)
+
+DATABASE_FAILED = "The database did not answer this request (connection lost or busy); retry it."
 
 
 class ServiceError(Exception):
@@ -41,6 +47,12 @@ class Unavailable(ServiceError):
 def api_exception_handler(exc: Exception, context: dict[str, Any]) -> Response | None:
     if isinstance(exc, ServiceError):
         return Response({"detail": exc.message, **exc.extra}, status=exc.status_code)
+    if isinstance(exc, OperationalError):
+        # A dropped connection, a restarted server, a lock wait that timed out: transient, so
+        # 503 (retry), not 500. Django closes the broken connection as the request ends and
+        # the next request opens a new one.
+        logger.warning("database error, answered 503: %s", exc)
+        return Response({"detail": DATABASE_FAILED}, status=status.HTTP_503_SERVICE_UNAVAILABLE)
     if isinstance(exc, DjangoValidationError):
         exc = exceptions.ValidationError(
             detail=exc.message_dict if hasattr(exc, "error_dict") else exc.messages

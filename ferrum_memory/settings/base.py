@@ -139,7 +139,13 @@ else:
 REDIS_URL = env.str("REDIS_URL", default="")
 if REDIS_URL:
     CACHES = {
-        "default": {"BACKEND": "django.core.cache.backends.redis.RedisCache", "LOCATION": REDIS_URL}
+        "default": {
+            "BACKEND": "django.core.cache.backends.redis.RedisCache",
+            "LOCATION": REDIS_URL,
+            # Throttling fails open when Redis is down (core/throttling.py); a short timeout keeps
+            # an unreachable Redis from holding every request.
+            "OPTIONS": {"socket_connect_timeout": 1, "socket_timeout": 1},
+        }
     }
 else:
     # A file cache is shared by every process on the machine, unlike the per-process locmem.

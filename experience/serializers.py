@@ -18,6 +18,7 @@ from rest_framework.validators import ProhibitSurrogateCharactersValidator
 from ferrum_memory.core.renderers import json_bytes
 
 from .models import Experience
+from .selectors import ExperienceRow
 
 ID_PATTERN = re.compile(r"^[A-Za-z0-9._:@-]{1,256}$")
 # Paths under /experience/ that an id could otherwise shadow.
@@ -354,9 +355,10 @@ class ExperienceOutSerializer(serializers.ModelSerializer):
             "last_sampled_at",
         ]
 
-    def to_representation(self, instance: Experience) -> dict[str, Any]:
+    def to_representation(self, instance: Experience | ExperienceRow) -> dict[str, Any]:
         # DRF's field-by-field path took 40 ms for a replay batch of 256. The stored JSON was
         # validated on its way in, so it is returned as stored. A test holds this to the fields.
+        # A replay batch brings ExperienceRow tuples, which have the same attributes.
         return {
             "id": instance.experience_id,
             "agent_id": instance.agent_id,

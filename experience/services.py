@@ -1,8 +1,11 @@
 """Every write to the replay buffer. Each write transaction takes one "experience" revision,
 so every process's replay index sees the change on its next request."""
 
+import atexit
 import logging
 import math
+import os
+import threading
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -10,7 +13,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from django.conf import settings
-from django.db import DatabaseError, transaction
+from django.db import DatabaseError, connection, transaction
 from django.db.models import F, Field, JSONField, Max, QuerySet
 from django.utils import timezone
 from kombu.exceptions import OperationalError
@@ -239,16 +242,101 @@ def experience_delete_many(*, queryset: QuerySet[Experience]) -> int:
     return len(doomed)
 
 
+class _DrawTally:
+    """Replay draws of this process, handed to a worker in one task about once a second.
+
+    A task per replay request cost the request its publish (an fsync on the embedded broker,
+    ~1 ms on Redis) and the worker a transaction per request. A daemon thread flushes the tally
+    every DRAW_FLUSH_SECONDS, or sooner past DRAW_FLUSH_MAX draws; the process flushes what is
+    left when it exits (gunicorn's graceful stop, Ctrl-C). A process killed outright loses at
+    most its last second of counts: times_sampled is a curation statistic sampling never reads.
+    last_sampled_at is the time of the flush's latest draw, so it is exact to the interval."""
+
+    def __init__(self) -> None:
+        self.forget()
+
+    def forget(self) -> None:
+        """Start empty, dropping what was counted: a forked child's copy is its parent's to
+        count, and each test starts afresh. A thread left behind finds it is not the tally's."""
+        self._lock = threading.Lock()  # guards the tally
+        self._flushing = threading.Lock()  # one flush at a time, so exit waits for the thread's
+        self._wake = threading.Event()
+        self._draws: Counter[int] = Counter()
+        self._count = 0
+        self._latest: datetime | None = None
+        self._thread: threading.Thread | None = None
+
+    def add(self, pks: Sequence[int], at: datetime) -> None:
+        with self._lock:
+            self._draws.update(pks)
+            self._count += len(pks)
+            self._latest = at if self._latest is None else max(self._latest, at)
+            if self._count >= DRAW_FLUSH_MAX:
+                self._wake.set()
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(
+                    target=self._run, name="replay-draw-tally", daemon=True
+                )
+                self._thread.start()
+
+    def _run(self) -> None:
+        try:
+            while True:
+                self._wake.wait(DRAW_FLUSH_SECONDS)
+                self._wake.clear()
+                if self._thread is not threading.current_thread():
+                    return  # forgotten (tests): another thread owns the tally now
+                self.flush()
+                with self._lock:
+                    if not self._count:  # idle: the next draw starts a thread again
+                        self._thread = None
+                        return
+        finally:
+            connection.close()  # this thread's, opened if the broker was down
+
+    def flush(self) -> None:
+        """Hand every draw counted so far to a worker."""
+        with self._flushing:
+            with self._lock:
+                draws, at = self._draws, self._latest
+                self._draws, self._count, self._latest = Counter(), 0, None
+            if at is not None:
+                _count_later(list(draws.elements()), at)
+
+
+DRAW_FLUSH_SECONDS = 1.0
+DRAW_FLUSH_MAX = 50_000
+_tally = _DrawTally()
+atexit.register(_tally.flush)
+os.register_at_fork(after_in_child=_tally.forget)
+
+
 def experience_mark_sampled_later(*, pks: Sequence[int], at: datetime | None = None) -> None:
     """Count draws off the request path: a write transaction cost a replay request 20 to 90 ms
-    under load. A worker runs experience.mark_sampled; when the broker cannot take the task,
-    the draws are counted here and now, and when that fails too they go uncounted: bookkeeping
-    never fails a replay request."""
-    from .tasks import mark_sampled  # tasks call the services: import on use
+    under load, so the draws go to a worker, batched by the process's tally. When Celery runs
+    tasks eagerly (tests; no worker) there is nothing to batch for: they are counted now."""
+    from .tasks import mark_sampled
 
     at = at or timezone.now()
+    if mark_sampled.app.conf.task_always_eager:
+        _count_later(pks, at)
+    else:
+        _tally.add(pks, at)
+
+
+def experience_mark_sampled_flush() -> None:
+    """Hand this process's tally of draws to a worker now (tests, and before a planned exit)."""
+    _tally.flush()
+
+
+def _count_later(pks: Sequence[int], at: datetime) -> None:
+    """Publish experience.mark_sampled; when the broker cannot take the task, the draws are
+    counted here and now, and when that fails too they go uncounted: bookkeeping never fails
+    a replay request."""
+    from .tasks import mark_sampled  # tasks call the services: import on use
+
     try:
-        # No retries: a broker that is down answers at once, and then this request counts.
+        # No retries: a broker that is down answers at once, and then this process counts.
         mark_sampled.apply_async(
             (list(pks), at.isoformat()),
             retry_policy={"max_retries": 0},

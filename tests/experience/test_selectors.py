@@ -1,4 +1,4 @@
-"""experience_in_bulk and the EpochSeconds it reads timestamps with: the same rows as Django's
+"""experience_rows and the EpochSeconds it reads timestamps with: the same values as Django's
 in_bulk, to the microsecond, on SQLite and PostgreSQL."""
 
 from datetime import UTC, datetime
@@ -6,7 +6,7 @@ from datetime import UTC, datetime
 import pytest
 
 from experience.models import Experience
-from experience.selectors import experience_in_bulk
+from experience.selectors import ExperienceRow, experience_in_bulk, experience_rows
 from ferrum_memory.core.db_functions import EpochSeconds
 from tests.experience.factories import store
 
@@ -40,9 +40,23 @@ def test_epoch_seconds_are_exact_to_the_microsecond():
     assert list(nulls) == [(None,)]
 
 
+def test_experience_rows_read_what_in_bulk_reads():
+    pks = [row.pk for row in rows_with_times()]
+    Experience.objects.filter(pk=pks[1]).update(passed=False, td_error=None)
+    fast = experience_rows([*pks, pks[0], 10**9])  # repeats and unknown keys are fine
+    slow = Experience.objects.in_bulk(pks)
+    assert fast.keys() == slow.keys()
+    for pk, row in slow.items():
+        for name in ExperienceRow._fields:
+            value = getattr(fast[pk], name)
+            assert value == getattr(row, name), name
+            assert type(value) is type(getattr(row, name)), name  # bool, not SQLite's 0 or 1
+    assert experience_rows([]) == {}
+
+
 def test_experience_in_bulk_reads_what_in_bulk_reads():
     pks = [row.pk for row in rows_with_times()]
-    fast = experience_in_bulk([*pks, pks[0], 10**9])  # repeats and unknown keys are fine
+    fast = experience_in_bulk([*pks, pks[0], 10**9])
     slow = Experience.objects.in_bulk(pks)
     assert fast.keys() == slow.keys()
     for pk, row in slow.items():

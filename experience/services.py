@@ -14,7 +14,7 @@ from typing import Any
 
 from django.conf import settings
 from django.db import DatabaseError, connection, transaction
-from django.db.models import F, Field, JSONField, Max, QuerySet
+from django.db.models import F, JSONField, Max, QuerySet
 from django.utils import timezone
 from kombu.exceptions import OperationalError
 
@@ -59,33 +59,38 @@ class StoredExperience:
 def experience_create_many(
     *, items: Sequence[dict[str, Any]], now: datetime | None = None
 ) -> list[StoredExperience]:
-    """Store validated experience dicts; an item whose experience_id exists is returned as stored.
+    """Store validated experience dicts, each with its experience_id (client's or made up);
+    an item whose experience_id exists is returned as stored.
 
     All or nothing: an id already used by another agent fails the whole call with 409.
     """
     now = now or timezone.now()
+    # The rows are built before the revision is taken: from there on, the counter's row lock
+    # makes every other experience write wait for this transaction's commit.
+    rows = {item["experience_id"]: _new_row(item, now) for item in items}
     revision = revision_take(name=REVISION)
-    ids = [item["experience_id"] for item in items if item.get("experience_id")]
-    existing = Experience.objects.in_bulk(ids, field_name="experience_id") if ids else {}
+    # Read after the lock: a concurrent POST of the same new id has committed by now, so its
+    # row is found here instead of failing this insert on the unique constraint.
+    existing = Experience.objects.in_bulk(list(rows), field_name="experience_id")
     for item in items:
-        stored = existing.get(item.get("experience_id", ""))
+        stored = existing.get(item["experience_id"])
         if stored is not None and stored.agent_id != item["agent_id"]:
             raise Conflict(
                 f"Experience id '{stored.experience_id}' is already used by another agent.",
                 experience_id=stored.experience_id,
             )
-    new_items = [item for item in items if item.get("experience_id") not in existing]
-    max_priority = _agent_max_priorities(
-        item["agent_id"] for item in new_items if item.get("td_error") is None
-    )
-    rows = [_new_row(item, revision, now, max_priority) for item in new_items]
-    _insert(rows)
-    created = {row.experience_id: row for row in rows}
+    new_rows = [row for eid, row in rows.items() if eid not in existing]
+    max_priority = _agent_max_priorities(row.agent_id for row in new_rows if row.priority is None)
+    for row in new_rows:
+        row.revision = revision
+        if row.priority is None:
+            row.priority = max_priority.get(row.agent_id) or INITIAL_MAX_PRIORITY
+    _insert(new_rows)
     return [
-        StoredExperience(existing[item["experience_id"]], False)
-        if item.get("experience_id") in existing
-        else StoredExperience(created[item["experience_id"]], True)
-        for item in items
+        StoredExperience(existing[eid], False)
+        if eid in existing
+        else StoredExperience(rows[eid], True)
+        for eid in (item["experience_id"] for item in items)
     ]
 
 
@@ -99,11 +104,16 @@ def _insert(rows: list[Experience]) -> None:
         return
     meta = Experience._meta
     fields = meta.concrete_fields
+    # The values as they are (str, float, bool, datetime: psycopg adapts each), JSON as text
+    # by orjson: Django's get_db_prep_save per value was 40 ms of 1,000 rows.
+    names = [field.attname for field in fields]
+    json_names = {field.attname for field in fields if isinstance(field, JSONField)}
 
-    def prepared(field: Field, value: Any) -> Any:
-        if isinstance(field, JSONField):  # JSON text for a jsonb column, by orjson
-            return None if value is None else json_bytes(value).decode()
-        return field.get_db_prep_save(value, db)
+    def value(row: Experience, name: str) -> Any:
+        value = getattr(row, name)
+        if name in json_names and value is not None:
+            return json_bytes(value).decode()
+        return value
 
     columns = ", ".join(db.ops.quote_name(field.column) for field in fields)
     with db.cursor() as cursor:
@@ -118,20 +128,16 @@ def _insert(rows: list[Experience]) -> None:
         # Django wraps execute()'s errors, not COPY's: an IntegrityError stays an IntegrityError.
         with db.wrap_database_errors, cursor.copy(f"COPY {table} ({columns}) FROM STDIN") as copy:
             for row in rows:
-                copy.write_row([prepared(field, getattr(row, field.attname)) for field in fields])
+                copy.write_row([value(row, name) for name in names])
     for row in rows:
         row._state.adding = False
         row._state.db = db.alias
 
 
-def _new_row(
-    item: dict[str, Any], revision: int, now: datetime, max_priority: dict[str, float]
-) -> Experience:
+def _new_row(item: dict[str, Any], now: datetime) -> Experience:
+    """The row for a validated item; with no TD error its priority is left None, for the
+    agent's max priority, and its revision is set once taken."""
     td_error = item.get("td_error")
-    if td_error is None:
-        priority = max_priority.get(item["agent_id"]) or INITIAL_MAX_PRIORITY
-    else:
-        priority = priority_from_td_error(td_error)
     ttl = item.get("ttl_seconds", settings.DEFAULT_REPLAY_TTL)
     test_result = item.get("test_result")
     return Experience(
@@ -144,11 +150,10 @@ def _new_row(
         passed=None if test_result is None else test_result["passed"],
         reward=item["reward"],
         td_error=td_error,
-        priority=priority,
+        priority=None if td_error is None else priority_from_td_error(td_error),  # type: ignore[misc]
         metadata=item.get("metadata", {}),
         created_at=now,
         expires_at=now + timedelta(seconds=ttl) if ttl else None,
-        revision=revision,
     )
 
 

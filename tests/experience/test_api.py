@@ -112,6 +112,23 @@ def test_a_list_is_stored_whole_and_sampled_from_the_next_request(api_client):
     assert detail["tool_calls"] == row.tool_calls and detail["test_result"] == row.test_result
     replay = api_client.get("/experience/replay", {"batch_size": 64, "seed": 2}).json()
     assert {item["experience"]["id"] for item in replay["items"]} == set(ids)
+    # Replay writes the JSON columns as stored; what it shows is what GET shows, indented too.
+    query = {"batch_size": 64, "seed": 2}
+    indented = api_client.get("/experience/replay", query, HTTP_ACCEPT="application/json; indent=2")
+    assert indented.status_code == 200 and indented.content.startswith(b'{\n  "strategy"')
+
+    def uncounted(experience: dict) -> dict:  # each request counts its draws
+        return {
+            k: v for k, v in experience.items() if k not in ("times_sampled", "last_sampled_at")
+        }
+
+    again = indented.json()["items"]
+    assert [uncounted(i["experience"]) for i in again] == [
+        uncounted(i["experience"]) for i in replay["items"]
+    ]
+    for item in replay["items"]:
+        shown = api_client.get(f"/experience/{item['experience']['id']}").json()
+        assert uncounted(item["experience"]) == uncounted(shown)
 
 
 def test_server_assigns_an_id_when_none_is_sent(api_client):

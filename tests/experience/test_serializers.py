@@ -21,12 +21,16 @@ from tests.experience.factories import store
 
 
 class NestedReference(ExperienceInSerializer):
-    """ExperienceInSerializer with DRF's nested serializers, as it was: the rules to match."""
+    """ExperienceInSerializer with DRF's nested serializers and DRF's field-by-field
+    validation, as it was: the rules to match."""
 
     tool_calls = s.ToolCallRecordSerializer(  # type: ignore[call-arg, assignment]
         many=True, required=False, max_length=MAX_TOOL_CALLS
     )
     test_result = s.TestResultSerializer(required=False, allow_null=True)  # type: ignore[assignment]
+
+    def to_internal_value(self, data: Any) -> Any:
+        return serializers.Serializer.to_internal_value(self, data)
 
 
 BASE = {
@@ -74,13 +78,43 @@ def outcome(serializer_class: type[serializers.Serializer], data: Any) -> Any:
     return valid, json.loads(json.dumps(serializer.validated_data if valid else serializer.errors))
 
 
+# The top-level fields: None deletes the key.
+TOP_LEVEL: list[dict[str, Any]] = [
+    {"id": None}, {"id": ""}, {"id": " e2 "}, {"id": 5}, {"id": True}, {"id": "has space"},
+    {"id": "stats"}, {"id": "i" * 257}, {"id": "é" * 257}, {"id": "a\x00b"}, {"id": []},
+    {"agent_id": None}, {"agent_id": ""}, {"agent_id": "a" * 257}, {"agent_id": 7},
+    {"session_id": ""}, {"session_id": "  "}, {"session_id": "s" * 257}, {"session_id": {}},
+    {"task": None}, {"task": "  t  "}, {"task": "x" * 20_001}, {"task": "a\ud800"},
+    {"reward": None}, {"reward": "1.0"}, {"reward": True}, {"reward": 3}, {"reward": 10**400},
+    {"reward": float("nan")}, {"td_error": None}, {"td_error": -2.5}, {"td_error": "x"},
+    {"metadata": {}}, {"metadata": {"k": [1, None]}}, {"metadata": []}, {"metadata": "x"},
+    {"metadata": {"blob": "x" * 70_000}}, {"ttl_seconds": 0}, {"ttl_seconds": -5},
+    {"ttl_seconds": 1.5}, {"ttl_seconds": "5"}, {"ttl_seconds": True}, {"extra": 1},
+    {"tool_calls": None}, {"tool_calls": ""}, {"test_result": None},
+]  # fmt: skip
+
+
+def with_change(change: dict[str, Any]) -> Any:
+    if not isinstance(change, dict):
+        return change
+    payload = {**BASE, **change}
+    if "id" in change and change["id"] is None:
+        del payload["id"]
+    if "agent_id" in change and change["agent_id"] is None:
+        del payload["agent_id"]
+    return payload
+
+
 @pytest.mark.parametrize("many", [False, True], ids=["one", "list"])
 @pytest.mark.parametrize(
     "change",
-    [{"tool_calls": v} for v in TOOL_CALLS] + [{"test_result": v} for v in TEST_RESULTS] + [{}],
+    [{"tool_calls": v} for v in TOOL_CALLS]
+    + [{"test_result": v} for v in TEST_RESULTS]
+    + TOP_LEVEL
+    + [{}, "not an object", None],
 )
-def test_fast_fields_validate_as_the_nested_serializers_did(change, many):
-    payload = {**BASE, **change}
+def test_fast_validation_is_drfs_field_by_field_one(change, many):
+    payload = with_change(change)
     data = [BASE, payload] if many else payload
     assert outcome(ExperienceInSerializer, data) == outcome(NestedReference, data)
 

@@ -84,20 +84,34 @@ def _column(name: str) -> Any:
     return name
 
 
+def _quoted(*names: str) -> str:
+    return ".".join(connections[DEFAULT_DB_ALIAS].ops.quote_name(name) for name in names)
+
+
+def _in_one_parameter(column: str) -> str:
+    """SQL for `column` in a list bound as one parameter (see _one_parameter): a PostgreSQL
+    array, or a JSON list on SQLite. Binding hundreds of values one by one (`__in`) cost more
+    than running the query: psycopg's client-side binding splits the SQL at each one."""
+    if connections[DEFAULT_DB_ALIAS].vendor == "postgresql":
+        return f"{column} = ANY(%s)"
+    return f"{column} IN (SELECT value FROM json_each(%s))"
+
+
+def _one_parameter(values: list[Any]) -> Any:
+    if connections[DEFAULT_DB_ALIAS].vendor == "postgresql":
+        return values
+    return json_bytes(values).decode()
+
+
 @functools.cache
 def _rows_sql(vendor: str) -> str:
-    """SELECT the row columns WHERE the primary key is in one parameter: a PostgreSQL array, or
-    a JSON list on SQLite. Compiled once: building the query and binding 256 parameters one by
-    one (pk__in) cost more than running it."""
-    connection = connections[DEFAULT_DB_ALIAS]
+    """SELECT the row columns WHERE the primary key is in one parameter; compiled once (per
+    database vendor, for tests that switch)."""
     columns = [_column(name) for name in ("id", *ExperienceRow._fields[1:])]
     query = Experience.objects.values_list(*columns).query
-    select, params = query.get_compiler(connection=connection).as_sql()
+    select, params = query.get_compiler(DEFAULT_DB_ALIAS).as_sql()
     assert not params
-    pk = ".".join(connection.ops.quote_name(n) for n in (Experience._meta.db_table, "id"))
-    if vendor == "postgresql":
-        return f"{select} WHERE {pk} = ANY(%s)"
-    return f"{select} WHERE {pk} IN (SELECT value FROM json_each(%s))"
+    return f"{select} WHERE {_in_one_parameter(_quoted(Experience._meta.db_table, 'id'))}"
 
 
 def _stored_json(text: str | None) -> orjson.Fragment | None:
@@ -116,11 +130,8 @@ def experience_rows(pks: Iterable[int]) -> dict[int, ExperienceRow]:
     if not wanted:
         return {}
     connection = connections[DEFAULT_DB_ALIAS]
-    postgres = connection.vendor == "postgresql"
     with connection.cursor() as cursor:
-        cursor.execute(
-            _rows_sql(connection.vendor), [wanted if postgres else json_bytes(wanted).decode()]
-        )
+        cursor.execute(_rows_sql(connection.vendor), [_one_parameter(wanted)])
         fetched = cursor.fetchall()
     # In the default zone, which the output serializer writes without converting.
     zone = timezone.get_default_timezone()
@@ -166,6 +177,19 @@ def experience_in_bulk(pks: Iterable[int]) -> dict[int, Experience]:
         )
         for pk, row in experience_rows(pks).items()
     }
+
+
+def experience_in_bulk_by_id(experience_ids: Sequence[str]) -> dict[str, Experience]:
+    """Experience.objects.in_bulk(experience_ids, field_name="experience_id"), with the ids
+    in one parameter: a list POST asks about 1,000 ids, which usually do not exist yet."""
+    if not experience_ids:
+        return {}
+    column = _in_one_parameter(_quoted("experience_id"))
+    sql = f"SELECT id FROM {_quoted(Experience._meta.db_table)} WHERE {column}"
+    with connections[DEFAULT_DB_ALIAS].cursor() as cursor:
+        cursor.execute(sql, [_one_parameter(list(experience_ids))])
+        pks = [pk for (pk,) in cursor.fetchall()]
+    return {row.experience_id: row for row in experience_in_bulk(pks).values()}
 
 
 def experience_list(

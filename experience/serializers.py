@@ -378,6 +378,12 @@ class ExperienceInSerializer(serializers.Serializer):
     def to_internal_value(self, data: Any) -> dict[str, Any]:
         return _record(data, EXPERIENCE)
 
+    def run_validators(self, value: Any) -> None:
+        # It has none; DRF would still gather every field's read-only default for them, per
+        # item (a tenth of validating a list).
+        if self.validators:
+            super().run_validators(value)
+
 
 EXPERIENCE: Shape = (
     ("id", _text(max_length=256, validators=(validate_experience_id,)), OPTIONAL),
@@ -465,6 +471,10 @@ class ExperienceBatchOutSerializer(serializers.Serializer):
     existing = serializers.IntegerField()
     items = ExperienceCreatedItemSerializer(many=True)
 
+    def to_representation(self, body: dict[str, Any]) -> dict[str, Any]:
+        # By hand: DRF's nested path cost 15 ms for 1,000 items. The view builds the items.
+        return {"created": body["created"], "existing": body["existing"], "items": body["items"]}
+
 
 class TdErrorUpdateSerializer(serializers.Serializer):
     experience_id = serializers.CharField(max_length=256)
@@ -527,6 +537,18 @@ class ReplayOutSerializer(serializers.Serializer):
     beta = serializers.FloatField()
     seed = serializers.IntegerField(allow_null=True)
     items = ReplayItemSerializer(many=True)
+
+    def to_representation(self, batch: Any) -> dict[str, Any]:
+        # By hand, like the items: DRF's list machinery per item was a tenth of the request.
+        item = self.fields["items"].child.to_representation  # type: ignore[attr-defined]
+        return {
+            "strategy": batch.strategy,
+            "buffer_size": batch.buffer_size,
+            "alpha": batch.alpha,
+            "beta": batch.beta,
+            "seed": batch.seed,
+            "items": [item(i) for i in batch.items],
+        }
 
 
 class ExperienceListQuerySerializer(serializers.Serializer):

@@ -4,6 +4,7 @@ so every process's replay index sees the change on its next request."""
 import atexit
 import logging
 import math
+import operator
 import os
 import threading
 from collections import Counter
@@ -23,6 +24,7 @@ from ferrum_memory.core.renderers import json_bytes
 from ferrum_memory.core.revisions import revision_purge_tombstones, revision_take
 
 from .models import Experience, ExperienceTombstone
+from .selectors import experience_in_bulk_by_id
 
 REVISION = "experience"
 # New items with no TD error get the buffer's max priority; an empty buffer starts here.
@@ -71,7 +73,7 @@ def experience_create_many(
     revision = revision_take(name=REVISION)
     # Read after the lock: a concurrent POST of the same new id has committed by now, so its
     # row is found here instead of failing this insert on the unique constraint.
-    existing = Experience.objects.in_bulk(list(rows), field_name="experience_id")
+    existing = experience_in_bulk_by_id(list(rows))
     for item in items:
         stored = existing.get(item["experience_id"])
         if stored is not None and stored.agent_id != item["agent_id"]:
@@ -106,14 +108,8 @@ def _insert(rows: list[Experience]) -> None:
     fields = meta.concrete_fields
     # The values as they are (str, float, bool, datetime: psycopg adapts each), JSON as text
     # by orjson: Django's get_db_prep_save per value was 40 ms of 1,000 rows.
-    names = [field.attname for field in fields]
-    json_names = {field.attname for field in fields if isinstance(field, JSONField)}
-
-    def value(row: Experience, name: str) -> Any:
-        value = getattr(row, name)
-        if name in json_names and value is not None:
-            return json_bytes(value).decode()
-        return value
+    values_of = operator.attrgetter(*(field.attname for field in fields))
+    json_at = [i for i, field in enumerate(fields) if isinstance(field, JSONField)]
 
     columns = ", ".join(db.ops.quote_name(field.column) for field in fields)
     with db.cursor() as cursor:
@@ -128,7 +124,11 @@ def _insert(rows: list[Experience]) -> None:
         # Django wraps execute()'s errors, not COPY's: an IntegrityError stays an IntegrityError.
         with db.wrap_database_errors, cursor.copy(f"COPY {table} ({columns}) FROM STDIN") as copy:
             for row in rows:
-                copy.write_row([value(row, name) for name in names])
+                values = list(values_of(row))
+                for i in json_at:
+                    if values[i] is not None:
+                        values[i] = json_bytes(values[i]).decode()
+                copy.write_row(values)
     for row in rows:
         row._state.adding = False
         row._state.db = db.alias

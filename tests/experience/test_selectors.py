@@ -7,7 +7,12 @@ import orjson
 import pytest
 
 from experience.models import Experience
-from experience.selectors import ExperienceRow, experience_in_bulk, experience_rows
+from experience.selectors import (
+    ExperienceRow,
+    experience_in_bulk,
+    experience_in_bulk_by_id,
+    experience_rows,
+)
 from ferrum_memory.core.db_functions import EpochSeconds
 from tests.experience.factories import store
 
@@ -67,3 +72,18 @@ def test_experience_in_bulk_reads_what_in_bulk_reads():
         for field in Experience._meta.concrete_fields:
             assert getattr(fast[pk], field.attname) == getattr(row, field.attname), field.name
         assert not fast[pk]._state.adding
+
+
+def test_experience_in_bulk_by_id_reads_what_in_bulk_reads():
+    rows = [store(), store(agent_id="agent-b"), store()]
+    ids = [rows[0].experience_id, rows[1].experience_id, "not-there"]
+    fast = experience_in_bulk_by_id(ids)
+    slow = Experience.objects.in_bulk(ids, field_name="experience_id")
+    assert fast.keys() == slow.keys() == {rows[0].experience_id, rows[1].experience_id}
+    for eid, row in slow.items():
+        assert (fast[eid].pk, fast[eid].agent_id, fast[eid].task) == (
+            row.pk,
+            row.agent_id,
+            row.task,
+        )
+    assert experience_in_bulk_by_id([]) == {} and experience_in_bulk_by_id(["none"]) == {}

@@ -6,6 +6,7 @@ import json
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+import orjson
 import pytest
 from rest_framework import serializers
 
@@ -151,3 +152,24 @@ def test_experience_representation_is_drfs_field_by_field_one():
     for row in Experience.objects.all():
         generic = serializers.ModelSerializer.to_representation(serializer, row)
         assert serializer.to_representation(row) == dict(generic)
+
+
+@pytest.mark.django_db
+def test_replay_and_batch_answers_are_drfs_field_by_field_ones():
+    from experience.selectors import replay_sample
+
+    store(), store(td_error=1.0, metadata={"k": [1, None]})
+    batch = replay_sample(
+        strategy="prioritized", batch_size=4, alpha=0.6, beta=0.4, half_life=3600.0, seed=1
+    )
+    body = {"created": 1, "existing": 1, "items": [{"id": "a", "created": True}]}
+    pairs: list[tuple[serializers.Serializer, Any]] = [
+        (s.ReplayOutSerializer(), batch),
+        (s.ExperienceBatchOutSerializer(), body),
+    ]
+    for serializer, data in pairs:
+        generic = serializers.Serializer.to_representation(serializer, data)
+        # orjson: replay rows hold their stored JSON as orjson.Fragment
+        assert orjson.loads(orjson.dumps(serializer.to_representation(data))) == orjson.loads(
+            orjson.dumps(generic)
+        )

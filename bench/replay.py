@@ -9,7 +9,8 @@ Each part is one function that prints one table; ``main`` runs the parts asked f
   ``ferrum_bench`` on 127.0.0.1:5432 (COPY; ``--reuse`` keeps a database already loaded),
   starts gunicorn on it, then measures ``GET /experience/replay`` latency and bulk
   ``POST /experience/`` throughput over HTTP. Needs a PostgreSQL server with trust auth for
-  the ``postgres`` user; leaves the database in place.
+  the ``postgres`` user; leaves the database in place. ``--redis-url`` runs the service on
+  Redis (broker, cache, working memory) as scaled out; by default it uses the embedded broker.
 """
 
 from __future__ import annotations
@@ -588,6 +589,8 @@ def part_http(args: argparse.Namespace) -> None:
             DJANGO_SECRET_KEY="bench",
             API_THROTTLE_RATE="1000000/min",  # measure the service, not the throttle
         )
+        if args.redis_url:  # scaled out: Celery broker, cache (throttle) and working memory
+            env["REDIS_URL"] = args.redis_url
         how = _prepare_database(env, args.rows, args.reuse, args.seed)
         rows.append(("rows loaded", f"{_row_count():,} ({how})", "", ""))
         key = _manage(env, "create_api_key", "bench", "--rotate").strip()
@@ -633,10 +636,11 @@ def part_http(args: argparse.Namespace) -> None:
     load = f"{load_at_start:.1f} at start, {os.getloadavg()[0]:.1f} at end ({os.cpu_count()} CPUs)"
     rows.append(("load average (1 min)", load, "", ""))
 
+    stack = f"Redis {args.redis_url}" if args.redis_url else "embedded SQLite broker, file cache"
     print(
         f"\n## http: gunicorn 1 worker process x 4 threads (so the in-process replay index is "
-        f"built once), PostgreSQL, batch_size {args.batch}, {args.repeats} sequential "
-        f"keep-alive GETs per replay row\n"
+        f"built once), PostgreSQL, {stack}, batch_size {args.batch}, {args.repeats} "
+        f"sequential keep-alive GETs per replay row\n"
     )
     _print_table(("measurement", "figure", "target", "met"), rows)
     print(
@@ -675,6 +679,11 @@ def main(argv: list[str] | None = None) -> None:
     http_args.add_argument("--ingest-batch", type=int, default=1000, help="experiences per POST")
     http_args.add_argument(
         "--clients", type=int, default=4, help="threads of the concurrent ingest"
+    )
+    http_args.add_argument(
+        "--redis-url",
+        default="",
+        help="REDIS_URL of the service, as scaled out (default: the embedded SQLite broker)",
     )
     args = parser.parse_args(argv)
     print(

@@ -27,7 +27,8 @@ def run_dream_cycles() -> dict[str, object]:
 
 @shared_task(name="experience.mark_sampled", acks_late=True)
 def mark_sampled(pks: list[int], at: str) -> None:
-    """Count a replay request's draws (pks, with repeats) at `at` (ISO 8601).
+    """Count replay draws (pks, with repeats) at `at` (ISO 8601): a web process's tally of
+    about a second of requests (experience.services._DrawTally).
 
     At least once, not exactly once: a worker lost after the commit and before the ack runs it
     again, and those draws count twice. That is a rare over-count of a curation statistic;

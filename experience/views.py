@@ -1,15 +1,18 @@
 import uuid
 from typing import Any
 
+import orjson
 from drf_spectacular.utils import OpenApiResponse, PolymorphicProxySerializer, extend_schema
 from rest_framework import status
 from rest_framework.exceptions import ValidationError
 from rest_framework.pagination import CursorPagination
 from rest_framework.request import Request
 from rest_framework.response import Response
+from rest_framework.utils.encoders import JSONEncoder
 from rest_framework.views import APIView
 
 from ferrum_memory.core.permissions import allowed_agent_ids, ensure_agent_allowed
+from ferrum_memory.core.renderers import OrjsonRenderer
 from ferrum_memory.core.validation import validate_one_or_many
 
 from . import serializers as s
@@ -154,7 +157,24 @@ class TdErrorView(APIView):
         return Response(s.TdErrorResultSerializer(result).data)
 
 
+class StoredJsonEncoder(JSONEncoder):
+    """DRF's encoder, which the renderer uses to indent: it writes stored JSON too."""
+
+    def default(self, obj: Any) -> Any:
+        if isinstance(obj, orjson.Fragment):
+            return orjson.loads(orjson.dumps(obj))
+        return super().default(obj)
+
+
+class ReplayRenderer(OrjsonRenderer):
+    """Replay items carry their JSON columns as stored (orjson.Fragment, see ExperienceRow)."""
+
+    encoder_class = StoredJsonEncoder
+
+
 class ReplayView(APIView):
+    renderer_classes = [ReplayRenderer]
+
     @extend_schema(
         parameters=[s.ReplayQuerySerializer],
         responses={

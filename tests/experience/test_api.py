@@ -1,20 +1,27 @@
 import json
 import math
+import os
 import statistics
+import subprocess
+import sys
 from datetime import datetime
+from pathlib import Path
 
 import pytest
 from django.conf import settings
 from django.db import DatabaseError
+from kombu import Connection
 
+from experience import services
 from experience.models import Experience
-from experience.services import priority_from_td_error
+from experience.services import experience_mark_sampled_flush, priority_from_td_error
 from experience.tasks import mark_sampled
 from ferrum_memory.celery import app as celery_app
 from ferrum_memory.core.services import api_key_create
 from tests.experience.factories import experience_json, experience_jsons, store
 
 pytestmark = pytest.mark.django_db
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_post_one_stores_it_at_max_priority(api_client):
@@ -105,6 +112,23 @@ def test_a_list_is_stored_whole_and_sampled_from_the_next_request(api_client):
     assert detail["tool_calls"] == row.tool_calls and detail["test_result"] == row.test_result
     replay = api_client.get("/experience/replay", {"batch_size": 64, "seed": 2}).json()
     assert {item["experience"]["id"] for item in replay["items"]} == set(ids)
+    # Replay writes the JSON columns as stored; what it shows is what GET shows, indented too.
+    query = {"batch_size": 64, "seed": 2}
+    indented = api_client.get("/experience/replay", query, HTTP_ACCEPT="application/json; indent=2")
+    assert indented.status_code == 200 and indented.content.startswith(b'{\n  "strategy"')
+
+    def uncounted(experience: dict) -> dict:  # each request counts its draws
+        return {
+            k: v for k, v in experience.items() if k not in ("times_sampled", "last_sampled_at")
+        }
+
+    again = indented.json()["items"]
+    assert [uncounted(i["experience"]) for i in again] == [
+        uncounted(i["experience"]) for i in replay["items"]
+    ]
+    for item in replay["items"]:
+        shown = api_client.get(f"/experience/{item['experience']['id']}").json()
+        assert uncounted(item["experience"]) == uncounted(shown)
 
 
 def test_server_assigns_an_id_when_none_is_sent(api_client):
@@ -303,21 +327,66 @@ def test_replay_returns_items_with_probability_and_weight(api_client):
 
 
 def test_replay_leaves_counting_its_draws_to_a_worker(api_client, send_tasks_to):
-    row = store()
+    row, other = store(), store(agent_id="agent-b")
     send_tasks_to("memory://")  # a broker in this process, to read the task back
-    response = api_client.get("/experience/replay", {"batch_size": 8})
-    assert response.status_code == 200
+    for agent in ("agent-a", "agent-a", "agent-b"):
+        response = api_client.get("/experience/replay", {"batch_size": 8, "agent_id": agent})
+        assert response.status_code == 200
+    experience_mark_sampled_flush()
     row.refresh_from_db()
     assert row.times_sampled == 0  # nothing written on the request path
 
     with celery_app.connection_for_read() as connection:
-        message = connection.SimpleQueue("celery").get(timeout=5)
+        queue = connection.SimpleQueue("celery")
+        message = queue.get(timeout=5)
+        assert queue.qsize() == 0  # the three requests' draws went in one task
     assert message.headers["task"] == "experience.mark_sampled"
     (pks, at), _, _ = message.decode()
-    assert pks == [row.pk] * 8
+    assert sorted(pks) == sorted([row.pk] * 16 + [other.pk] * 8)
     mark_sampled(pks, at)  # what the worker does with it (test_dream_e2e runs a real one)
     row.refresh_from_db()
-    assert row.times_sampled == 8 and row.last_sampled_at == datetime.fromisoformat(at)
+    assert row.times_sampled == 16 and row.last_sampled_at == datetime.fromisoformat(at)
+
+
+@pytest.mark.parametrize("trigger", ["interval", "size"])
+def test_the_tally_reaches_the_broker_on_its_own(api_client, send_tasks_to, monkeypatch, trigger):
+    """The tally's thread publishes without an explicit flush: after DRAW_FLUSH_SECONDS, or
+    at once past DRAW_FLUSH_MAX draws."""
+    row = store()
+    send_tasks_to("memory://")
+    if trigger == "interval":
+        monkeypatch.setattr(services, "DRAW_FLUSH_SECONDS", 0.05)
+    else:
+        monkeypatch.setattr(services, "DRAW_FLUSH_MAX", 8)
+    assert api_client.get("/experience/replay", {"batch_size": 8}).status_code == 200
+    with celery_app.connection_for_read() as connection:
+        message = connection.SimpleQueue("celery").get(timeout=30)  # polls until it is there
+    (pks, _), _, _ = message.decode()
+    assert pks == [row.pk] * 8
+
+
+def test_the_tally_is_flushed_when_the_process_exits(tmp_path):
+    """A web process that stops (gunicorn's graceful stop ends in sys.exit) publishes the
+    draws its thread has not flushed yet."""
+    broker = f"sqla+sqlite:///{tmp_path / 'broker.sqlite3'}"
+    script = (
+        "import django; django.setup()\n"
+        "from experience.services import experience_mark_sampled_later\n"
+        "experience_mark_sampled_later(pks=[7, 7, 9])\n"
+    )
+    env = {
+        **os.environ,
+        "DJANGO_SETTINGS_MODULE": "ferrum_memory.settings.base",
+        "FERRUM_DATA_DIR": str(tmp_path),
+        "CELERY_BROKER_URL": broker,
+    }
+    env.pop("DATABASE_URL", None)  # publishing needs no database
+    subprocess.run([sys.executable, "-c", script], cwd=ROOT, env=env, check=True, timeout=120)
+    with Connection(broker) as connection:
+        message = connection.SimpleQueue("celery").get(timeout=10)
+    assert message.headers["task"] == "experience.mark_sampled"
+    (pks, _), _, _ = message.decode()
+    assert pks == [7, 7, 9]
 
 
 def test_replay_counts_its_draws_itself_when_the_broker_is_down(api_client, send_tasks_to, caplog):
@@ -325,6 +394,7 @@ def test_replay_counts_its_draws_itself_when_the_broker_is_down(api_client, send
     send_tasks_to("redis://127.0.0.1:1/0")  # nothing listens there
     response = api_client.get("/experience/replay", {"batch_size": 8})
     assert response.status_code == 200
+    experience_mark_sampled_flush()
     assert Experience.objects.get().times_sampled == 8
     assert "the broker refused the task" in caplog.text
 
@@ -340,6 +410,7 @@ def test_replay_answers_even_when_its_draws_cannot_be_counted(
     store()
     send_tasks_to("redis://127.0.0.1:1/0")
     assert api_client.get("/experience/replay", {"batch_size": 8}).status_code == 200
+    experience_mark_sampled_flush()
     assert "8 replay draws went uncounted" in caplog.text
 
 

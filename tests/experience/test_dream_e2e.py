@@ -19,7 +19,7 @@ from django.db import connection
 from django_celery_beat.models import IntervalSchedule, PeriodicTask
 
 from experience.models import DreamCycle, Experience
-from experience.services import priority_from_td_error
+from experience.services import experience_mark_sampled_flush, priority_from_td_error
 from tests.experience.factories import experience_jsons
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -177,6 +177,7 @@ def test_a_scheduled_dream_reaches_the_learner_and_its_td_errors_reach_replay(
     counted = dict(Experience.objects.values_list("experience_id", "times_sampled"))
     send_tasks_to(process_env(tmp_path)["CELERY_BROKER_URL"])
     replay = api_client.get(f"/experience/replay?agent_id={AGENT}&batch_size=64&seed=3").json()
+    experience_mark_sampled_flush()  # the web process's tally, at once rather than within 1 s
     priorities = dict(
         Experience.objects.filter(agent_id=AGENT).values_list("experience_id", "priority")
     )

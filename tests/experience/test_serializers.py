@@ -6,6 +6,7 @@ import json
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+import orjson
 import pytest
 from rest_framework import serializers
 
@@ -21,12 +22,16 @@ from tests.experience.factories import store
 
 
 class NestedReference(ExperienceInSerializer):
-    """ExperienceInSerializer with DRF's nested serializers, as it was: the rules to match."""
+    """ExperienceInSerializer with DRF's nested serializers and DRF's field-by-field
+    validation, as it was: the rules to match."""
 
     tool_calls = s.ToolCallRecordSerializer(  # type: ignore[call-arg, assignment]
         many=True, required=False, max_length=MAX_TOOL_CALLS
     )
     test_result = s.TestResultSerializer(required=False, allow_null=True)  # type: ignore[assignment]
+
+    def to_internal_value(self, data: Any) -> Any:
+        return serializers.Serializer.to_internal_value(self, data)
 
 
 BASE = {
@@ -74,13 +79,43 @@ def outcome(serializer_class: type[serializers.Serializer], data: Any) -> Any:
     return valid, json.loads(json.dumps(serializer.validated_data if valid else serializer.errors))
 
 
+# The top-level fields: None deletes the key.
+TOP_LEVEL: list[dict[str, Any]] = [
+    {"id": None}, {"id": ""}, {"id": " e2 "}, {"id": 5}, {"id": True}, {"id": "has space"},
+    {"id": "stats"}, {"id": "i" * 257}, {"id": "é" * 257}, {"id": "a\x00b"}, {"id": []},
+    {"agent_id": None}, {"agent_id": ""}, {"agent_id": "a" * 257}, {"agent_id": 7},
+    {"session_id": ""}, {"session_id": "  "}, {"session_id": "s" * 257}, {"session_id": {}},
+    {"task": None}, {"task": "  t  "}, {"task": "x" * 20_001}, {"task": "a\ud800"},
+    {"reward": None}, {"reward": "1.0"}, {"reward": True}, {"reward": 3}, {"reward": 10**400},
+    {"reward": float("nan")}, {"td_error": None}, {"td_error": -2.5}, {"td_error": "x"},
+    {"metadata": {}}, {"metadata": {"k": [1, None]}}, {"metadata": []}, {"metadata": "x"},
+    {"metadata": {"blob": "x" * 70_000}}, {"ttl_seconds": 0}, {"ttl_seconds": -5},
+    {"ttl_seconds": 1.5}, {"ttl_seconds": "5"}, {"ttl_seconds": True}, {"extra": 1},
+    {"tool_calls": None}, {"tool_calls": ""}, {"test_result": None},
+]  # fmt: skip
+
+
+def with_change(change: dict[str, Any]) -> Any:
+    if not isinstance(change, dict):
+        return change
+    payload = {**BASE, **change}
+    if "id" in change and change["id"] is None:
+        del payload["id"]
+    if "agent_id" in change and change["agent_id"] is None:
+        del payload["agent_id"]
+    return payload
+
+
 @pytest.mark.parametrize("many", [False, True], ids=["one", "list"])
 @pytest.mark.parametrize(
     "change",
-    [{"tool_calls": v} for v in TOOL_CALLS] + [{"test_result": v} for v in TEST_RESULTS] + [{}],
+    [{"tool_calls": v} for v in TOOL_CALLS]
+    + [{"test_result": v} for v in TEST_RESULTS]
+    + TOP_LEVEL
+    + [{}, "not an object", None],
 )
-def test_fast_fields_validate_as_the_nested_serializers_did(change, many):
-    payload = {**BASE, **change}
+def test_fast_validation_is_drfs_field_by_field_one(change, many):
+    payload = with_change(change)
     data = [BASE, payload] if many else payload
     assert outcome(ExperienceInSerializer, data) == outcome(NestedReference, data)
 
@@ -117,3 +152,24 @@ def test_experience_representation_is_drfs_field_by_field_one():
     for row in Experience.objects.all():
         generic = serializers.ModelSerializer.to_representation(serializer, row)
         assert serializer.to_representation(row) == dict(generic)
+
+
+@pytest.mark.django_db
+def test_replay_and_batch_answers_are_drfs_field_by_field_ones():
+    from experience.selectors import replay_sample
+
+    store(), store(td_error=1.0, metadata={"k": [1, None]})
+    batch = replay_sample(
+        strategy="prioritized", batch_size=4, alpha=0.6, beta=0.4, half_life=3600.0, seed=1
+    )
+    body = {"created": 1, "existing": 1, "items": [{"id": "a", "created": True}]}
+    pairs: list[tuple[serializers.Serializer, Any]] = [
+        (s.ReplayOutSerializer(), batch),
+        (s.ExperienceBatchOutSerializer(), body),
+    ]
+    for serializer, data in pairs:
+        generic = serializers.Serializer.to_representation(serializer, data)
+        # orjson: replay rows hold their stored JSON as orjson.Fragment
+        assert orjson.loads(orjson.dumps(serializer.to_representation(data))) == orjson.loads(
+            orjson.dumps(generic)
+        )

@@ -43,6 +43,11 @@ PREFETCH = 50
 RRF_K = 2
 RRF_WEIGHTS = (1.0, 2.0)  # dense, bm25
 APPLY_CHUNK = 256
+# Qdrant's defaults for the per-agent HNSW graphs; below the threshold (in KB of vectors, about
+# 6,600 of 384 floats) an agent's points are scored exactly.
+HNSW_M = 16
+HNSW_EF_CONSTRUCT = 100
+HNSW_FULL_SCAN_KB = 10_000
 ROW_FIELDS = (
     "id",
     "agent_id",
@@ -82,6 +87,7 @@ class Engine(Protocol):
     def upsert(self, points: list[IndexPoint]) -> None: ...
     def delete(self, ids: list[uuid.UUID]) -> None: ...
     def reset(self, dim: int) -> None: ...
+    def optimize(self) -> None: ...
     def search(
         self, *, mode: str, dense: list[float], sparse: SparseVector, flt: SearchFilter, limit: int
     ) -> list[tuple[uuid.UUID, float]]: ...
@@ -132,28 +138,41 @@ class EdgeEngine:
             EdgeShard,
             EdgeSparseVectorParams,
             EdgeVectorParams,
+            FloatIndexParams,
+            HnswIndexConfig,
             KeywordIndexParams,
             Modifier,
-            PayloadSchemaType,
             UpdateOperation,
         )
 
         self._close_shard()
         shutil.rmtree(self._path / "shard", ignore_errors=True)
         (self._path / "state.json").unlink(missing_ok=True)
+        # Every search filters on one agent, so a graph over all agents would never be used:
+        # m=0 builds none, payload_m builds one per agent (is_tenant) big enough to need it,
+        # and an agent below HNSW_FULL_SCAN_KB is scanned exactly through the agent_id index.
+        # The other fields only filter: a graph per value of each (enable_hnsw) would multiply
+        # the indexing time for nothing.
         config = EdgeConfig(
             vectors={DENSE: EdgeVectorParams(size=dim, distance=Distance.Cosine)},
             sparse_vectors={SPARSE: EdgeSparseVectorParams(modifier=Modifier.Idf)},
+            hnsw_config=HnswIndexConfig(
+                m=0,
+                payload_m=HNSW_M,
+                ef_construct=HNSW_EF_CONSTRUCT,
+                full_scan_threshold=HNSW_FULL_SCAN_KB,
+            ),
         )
         self._shard = EdgeShard.create(str(self._path / "shard"), config)
+        keyword, number = KeywordIndexParams(enable_hnsw=False), FloatIndexParams(enable_hnsw=False)
         indexes: list[tuple[str, Any]] = [
             ("agent_id", KeywordIndexParams(is_tenant=True)),
-            ("kind", PayloadSchemaType.Keyword),
-            ("tags", PayloadSchemaType.Keyword),
-            ("session_id", PayloadSchemaType.Keyword),
-            ("importance", PayloadSchemaType.Float),
-            ("created_at", PayloadSchemaType.Float),
-            ("expires_at", PayloadSchemaType.Float),
+            ("kind", keyword),
+            ("tags", keyword),
+            ("session_id", keyword),
+            ("importance", number),
+            ("created_at", number),
+            ("expires_at", number),
         ]
         for name, schema in indexes:
             self._shard.update(UpdateOperation.create_field_index(name, schema))
@@ -179,6 +198,14 @@ class EdgeEngine:
                 ]
             )
         )
+
+    def optimize(self) -> None:
+        """Index what the updates left in plain segments: qdrant-edge optimizes only when asked,
+        and a plain segment is searched by scanning every vector. A no-op costs ~0.1 ms; the
+        catch-up that fills a segment past the optimizer's threshold pays for indexing it, in
+        this thread (the call holds the GIL, so a background thread would stall the process
+        just the same)."""
+        self._need_shard().optimize()
 
     def delete(self, ids: list[uuid.UUID]) -> None:
         from qdrant_edge import UpdateOperation
@@ -293,6 +320,9 @@ class ServerEngine:
         ):
             self._client.create_payload_index(self._collection, name, schema)
         _save_server_state(self._state_key, {})
+
+    def optimize(self) -> None:
+        """Nothing to do: a Qdrant server runs its optimizers in the background."""
 
     def upsert(self, points: list[IndexPoint]) -> None:
         from qdrant_client import models
@@ -457,6 +487,7 @@ class VectorIndex:
         rows = changes.changed.values_list(*ROW_FIELDS).order_by()
         for chunk in _chunks(rows.iterator(chunk_size=APPLY_CHUNK), APPLY_CHUNK):
             self.engine.upsert([_point(row, embedder.model_name) for row in chunk])
+        self.engine.optimize()
         self.engine.save_state({"cursor": changes.upper, "model": embedder.model_name})
 
     @traced(

@@ -265,7 +265,7 @@ SESSION_MAX_MESSAGES = env.int("SESSION_MAX_MESSAGES", default=2_000)
 # (e.g. with an LLM); empty: extractive, embedding-based, no LLM.
 SESSION_SUMMARIZER = env.str("SESSION_SUMMARIZER", default="")
 # The extractive consolidation keeps at most this share of a session's words (turn lines).
-SESSION_CONSOLIDATION_SHARE = env.float("SESSION_CONSOLIDATION_SHARE", default=0.2)
+SESSION_CONSOLIDATION_SHARE = env.float("SESSION_CONSOLIDATION_SHARE", default=0.22)
 SPECTACULAR_SETTINGS["ENUM_NAME_OVERRIDES"].update(  # type: ignore[attr-defined]
     {
         "SessionStatusEnum": "sessions.models.Session.Status",

@@ -43,6 +43,7 @@ MIN_BUDGET_WORDS = 60
 KEY_TERMS_SHARE = 0.35
 # How the gain weighs coverage (embeddings) against specificity (search terms), each 0..1.
 COVERAGE_WEIGHT = 0.1
+# Coverage is measured on at most this many sentences of a session (a step costs O(n * this)).
 MAX_COVERED = 1_000
 # A sentence shorter than this (in words) is covered but never kept: "ok", "thanks!", "wow".
 MIN_PICK_WORDS = 3
@@ -119,8 +120,6 @@ def budgeted_picks(
     a candidate fits the budget. `vectors` are L2-normalised; `prefix_words[t]` is what turn
     t's first kept sentence pays on top of its own words."""
     n = len(sentences)
-    # Coverage is measured on at most MAX_COVERED sentences spread over the session, which
-    # bounds the cost of a step on a long session.
     covered_rows = np.linspace(0, n - 1, min(n, MAX_COVERED)).round().astype(int)
     similarity = np.clip(vectors[covered_rows] @ vectors.T, 0.0, None)  # (covered, candidates)
     rarity = term_rarity(sentences)
@@ -137,9 +136,8 @@ def budgeted_picks(
 
     candidates = [i for i, s in enumerate(sentences) if s.words >= MIN_PICK_WORDS]
     while candidates:
-        coverage = (np.maximum(similarity, covered[:, None]).sum(axis=0) - covered.sum()) / len(
-            covered
-        )
+        gains = np.maximum(similarity, covered[:, None]).sum(axis=0) - covered.sum()
+        coverage = gains / len(covered)  # 0..1, as specificity
         best, best_value = -1, 0.0
         for i in candidates:
             if spent + cost(i) <= budget:
@@ -181,7 +179,7 @@ def key_terms(
                 covered |= terms  # one word per term
                 name = position > 0 and word[0].isupper()
                 rank[word] = (not name, -max(rarity[t] for t in terms), -len(word))
-    return sorted(rank, key=rank.__getitem__)[:budget]
+    return sorted(rank, key=rank.__getitem__)[: max(budget, 0)]
 
 
 def tool_errors(tool_state: Any, name: str = "") -> Iterator[str]:

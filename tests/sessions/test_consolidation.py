@@ -99,6 +99,7 @@ def test_key_terms_list_what_the_kept_sentences_miss():
     assert terms[0] == "Lisbon"  # a name first
     assert len(terms) == 3 and not {"keynote", "observability"} & set(terms)
     assert key_terms(sentences, [0, 1], get_embedder(), budget=5) == []
+    assert key_terms(sentences, [1], get_embedder(), budget=-1) == []  # a spent budget
 
 
 @pytest.mark.parametrize("share", [0.1, 0.2, 0.4])

@@ -292,7 +292,7 @@ def main(argv: list[str] | None = None) -> None:
             "\nsession R@k: share of questions with a top-k item from an evidence turn's "
             "session. Tokens: whitespace-separated words of the stored content. seconds: "
             "storing every turn; replaying and consolidating every session (embedding each "
-            "turn once for the extraction, then the items)."
+            "sentence once for the extraction, then the items)."
         )
         from memory.vector_index import reset_vector_index
 

@@ -15,7 +15,8 @@ Two baselines on the same data, each as its own agents:
   session, the first half and the last quarter of the session's text (its turn lines joined
   by new lines), capped at 800 characters.
 Consolidated and fallback items are stored with the service's default MEMORY_NEAR_DUPLICATE
-(0.95). Tokens are whitespace-separated words of the stored items' content, after merging.
+(0.95). Tokens are whitespace-separated words of the stored items' content, after merging (the
+unit SESSION_CONSOLIDATION_SHARE budgets; set it in the environment to try another share).
 Runs on SQLite and qdrant-edge in a fresh temporary folder; nothing is downloaded.
 """
 
@@ -220,7 +221,7 @@ def main(argv: list[str] | None = None) -> None:
             f"model {settings.FASTEMBED_MODEL}, {settings.FASTEMBED_THREADS} embedding "
             f"thread(s); SQLite + qdrant-edge in a temporary folder; {len(data)} conversations, "
             f"{sessions} sessions, {questions} questions (categories 1-4 with evidence); "
-            "hybrid search"
+            f"hybrid search; SESSION_CONSOLIDATION_SHARE {settings.SESSION_CONSOLIDATION_SHARE}"
         )
         t0 = time.perf_counter()
         turns_of = store_every_turn(data)
@@ -291,7 +292,7 @@ def main(argv: list[str] | None = None) -> None:
             "\nsession R@k: share of questions with a top-k item from an evidence turn's "
             "session. Tokens: whitespace-separated words of the stored content. seconds: "
             "storing every turn; replaying and consolidating every session (embedding each "
-            "turn once for the extraction, then the items)."
+            "sentence once for the extraction, then the items)."
         )
         from memory.vector_index import reset_vector_index
 

@@ -277,6 +277,8 @@ SESSION_MAX_MESSAGES = env.int("SESSION_MAX_MESSAGES", default=2_000)
 # A dotted path to a callable(state=, lines=, picked=) -> str that writes the session summary
 # (e.g. with an LLM); empty: extractive, embedding-based, no LLM.
 SESSION_SUMMARIZER = env.str("SESSION_SUMMARIZER", default="")
+# The extractive consolidation keeps at most this share of a session's words (turn lines).
+SESSION_CONSOLIDATION_SHARE = env.float("SESSION_CONSOLIDATION_SHARE", default=0.22)
 SPECTACULAR_SETTINGS["ENUM_NAME_OVERRIDES"].update(  # type: ignore[attr-defined]
     {
         "SessionStatusEnum": "sessions.models.Session.Status",

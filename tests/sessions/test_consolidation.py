@@ -9,7 +9,14 @@ from django.utils import timezone
 
 from memory.embeddings import get_embedder
 from memory.models import MemoryItem
-from sessions.consolidation import extract, representative_turns, summary_size, tool_errors
+from sessions.consolidation import (
+    Sentence,
+    budgeted_picks,
+    extract,
+    key_terms,
+    tool_errors,
+    word_budget,
+)
 from sessions.models import Consolidation
 from sessions.services import (
     ConsolidationBusy,
@@ -38,29 +45,97 @@ TOPICS = {
         "We keep every receipt for the VAT audit next quarter.",
     ],
 }
+FILLER = [
+    "Haha, yes, that is so true, I really do agree with you.",
+    "Oh wow, that is really really great, I am so happy for you.",
+    "Yeah, totally, I know what you mean, that is so true.",
+]
 
 
-def test_representative_turns_cover_every_topic():
-    texts = [t for group in TOPICS.values() for t in group]
-    vectors = get_embedder().embed_documents(texts)
-    picks = representative_turns(vectors, list(range(len(texts))), 3)
-    assert len(picks) == 3
-    assert sorted(p // 3 for p in picks) == [0, 1, 2]  # one per topic, not three of one
+def sentences_of(texts: list[str]) -> list[Sentence]:
+    embedder = get_embedder()
+    return [
+        Sentence(turn, text, len(text.split()), frozenset(embedder.sparse_document(text).indices))
+        for turn, text in enumerate(texts)
+    ]
 
 
-def test_representative_turns_maximise_coverage_on_synthetic_clusters():
+def stored_words(extraction) -> int:
+    texts = [extraction.summary, *extraction.decisions, *extraction.salient]
+    return sum(len(text.split()) for text in texts)
+
+
+def test_budgeted_picks_cover_every_cluster_when_only_coverage_counts():
+    # Sentences without search terms: the gain is coverage alone (facility location).
     rng = np.random.default_rng(7)
     centres = np.eye(8, dtype=np.float32)[:4]
     points = np.repeat(centres, 10, axis=0) + rng.normal(0, 0.05, (40, 8)).astype(np.float32)
     points /= np.linalg.norm(points, axis=1, keepdims=True)
-    picks = representative_turns(points, list(range(40)), 4)
-    assert sorted(p // 10 for p in picks) == [0, 1, 2, 3]
-    assert representative_turns(points, [], 3) == []
-    assert representative_turns(points, [1, 2], 0) == []
+    sentences = [Sentence(i, f"s{i}", 5, frozenset()) for i in range(40)]
+    picks = budgeted_picks(points, sentences, [0] * 40, budget=20)
+    assert sorted(p // 10 for p in picks) == [0, 1, 2, 3]  # one per cluster, 4 x 5 words
 
 
-def test_summary_size_keeps_a_share_of_the_turns():
-    assert summary_size(1) == 1 and summary_size(20) == 3 and summary_size(1_000) == 12
+def test_budgeted_picks_keep_specific_sentences_within_the_budget():
+    texts = [*FILLER, *(group[0] for group in TOPICS.values())]
+    sentences = sentences_of(texts)
+    vectors = get_embedder().embed_documents(texts)
+    prefix = [3] * len(texts)  # "[at] speaker:" words paid by each kept turn
+    budget = 45
+    picks = budgeted_picks(vectors, sentences, prefix, budget)
+    assert sum(sentences[i].words + prefix[i] for i in picks) <= budget
+    assert sorted(picks) == [3, 4, 5]  # the three topics, none of the filler
+    assert budgeted_picks(vectors, sentences, prefix, budget=10) == []  # nothing fits
+
+
+def test_key_terms_list_what_the_kept_sentences_miss():
+    sentences = sentences_of(
+        [
+            "We flew to Lisbon and stayed near the harbour for the conference.",
+            "The keynote about observability was better than expected.",
+        ]
+    )
+    terms = key_terms(sentences, [1], get_embedder(), budget=3)
+    assert terms[0] == "Lisbon"  # a name first
+    assert len(terms) == 3 and not {"keynote", "observability"} & set(terms)
+    assert key_terms(sentences, [0, 1], get_embedder(), budget=5) == []
+    assert key_terms(sentences, [1], get_embedder(), budget=-1) == []  # a spent budget
+
+
+@pytest.mark.parametrize("share", [0.1, 0.2, 0.4])
+def test_extraction_keeps_the_informative_turns_within_the_word_budget(settings, share):
+    settings.SESSION_CONSOLIDATION_SHARE = share
+    texts = [t for group in TOPICS.values() for t in group] + FILLER * 3
+    messages = chat(*texts, at="8 May 2023")
+    session_words = sum(len(f"[8 May 2023] Ada: {t}".split()) for t in texts)
+    extraction = extract({"messages": messages}, embedder=get_embedder())
+    assert stored_words(extraction) <= word_budget(session_words)
+    assert word_budget(session_words) == max(60, int(session_words * share))
+    *turns, topics = extraction.summary.split("\n")  # the summary's turns, then its key terms
+    kept = [*turns, *extraction.salient, *extraction.decisions]
+    assert len(kept) == len(extraction.picked) >= 2
+    assert all(line.startswith("[8 May 2023] Ada: ") for line in kept)  # the context kept
+    assert not any(filler[:20] in line for line in kept for filler in FILLER)
+    assert topics.startswith("Topics: ")
+
+
+def test_kept_turns_with_a_decision_cue_outside_the_summary_are_decisions():
+    texts = (
+        "We decided to move the nightly backups to the Amsterdam region.",
+        "The staging cluster runs Kubernetes 1.29 on three nodes in Frankfurt.",
+        "We will rotate the database passwords every ninety days from now.",
+        "Let's pin the Terraform provider to version 5.31 for the migration.",
+    )
+    extraction = extract({"messages": chat(*texts)}, embedder=get_embedder())
+    assert len(extraction.picked) == 4  # a short session is kept whole
+    summary_turns = extraction.summary.split("\n")
+    assert len(summary_turns) == 2
+    assert sorted([*summary_turns, *extraction.decisions, *extraction.salient]) == sorted(
+        f"Ada: {text}" for text in texts
+    )
+    # Three of the four have a cue: at least one is not in the summary and is a decision.
+    assert extraction.decisions and all("Kubernetes" not in d for d in extraction.decisions)
+    assert all("Kubernetes" in s for s in extraction.salient)
 
 
 def test_tool_errors_are_found_anywhere_in_tool_state():

@@ -9,6 +9,7 @@ from datetime import datetime
 from typing import Any
 
 from django.conf import settings
+from django.core.validators import RegexValidator
 from django.utils import timezone
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
@@ -19,7 +20,7 @@ from ferrum_memory.core.renderers import json_bytes
 
 from .models import Experience
 
-ID_PATTERN = re.compile(r"^[A-Za-z0-9._:@-]{1,256}$")
+ID_PATTERN = re.compile(r"^[A-Za-z0-9._:@-]{1,256}\Z")
 # Paths under /experience/ that an id could otherwise shadow.
 RESERVED_IDS = {"stats", "replay", "td-error"}
 MAX_TASK_CHARS = 20_000
@@ -30,6 +31,8 @@ MAX_METADATA_BYTES = 64_000
 MAX_BATCH = 1_000
 MAX_TD_UPDATES = 10_000
 MAX_REPLAY_BATCH = 4_096
+# The longest ttl_seconds of a stored item (0 is forever): a century, so now + ttl is a date.
+MAX_KEEP_SECONDS = 100 * 365 * 86_400
 STRATEGIES = ("prioritized", "recency", "uniform")
 
 
@@ -102,9 +105,13 @@ def json_size_validator(limit: int) -> Any:
     return validate
 
 
+# A RegexValidator, so the OpenAPI schema shows the pattern.
+validate_experience_id_pattern = RegexValidator(
+    ID_PATTERN, "1 to 256 characters from letters, digits and . _ : @ -"
+)
+
+
 def validate_experience_id(value: str) -> None:
-    if not ID_PATTERN.match(value):
-        raise serializers.ValidationError("1 to 256 characters from letters, digits and . _ : @ -")
     if value in RESERVED_IDS:
         raise serializers.ValidationError(f"'{value}' is reserved.")
 
@@ -297,7 +304,7 @@ class ExperienceInSerializer(serializers.Serializer):
     id = CharField(
         max_length=256,
         required=False,
-        validators=[validate_experience_id],
+        validators=[validate_experience_id_pattern, validate_experience_id],
         help_text="Your id for this experience; sending it again returns the stored one.",
     )
     agent_id = CharField(max_length=256)
@@ -312,6 +319,7 @@ class ExperienceInSerializer(serializers.Serializer):
     )
     ttl_seconds = StrictIntegerField(
         min_value=0,
+        max_value=MAX_KEEP_SECONDS,
         required=False,
         help_text="Seconds to keep it; 0 keeps it forever. Default: DEFAULT_REPLAY_TTL.",
     )

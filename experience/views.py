@@ -10,7 +10,8 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from ferrum_memory.core.permissions import allowed_agent_ids, ensure_agent_allowed
-from ferrum_memory.core.validation import validate_one_or_many
+from ferrum_memory.core.schema import paginated
+from ferrum_memory.core.validation import one_or_many_schema, validate_one_or_many
 
 from . import serializers as s
 from .selectors import experience_get, experience_list, experience_stats, replay_sample
@@ -21,11 +22,8 @@ from .services import (
     experience_td_error_update,
 )
 
-ExperienceCreateRequest = PolymorphicProxySerializer(
-    component_name="ExperienceCreate",
-    serializers=[s.ExperienceInSerializer, s.ExperienceInSerializer(many=True)],
-    resource_type_field_name=None,
-    many=False,
+ExperienceCreateRequest = one_or_many_schema(
+    s.ExperienceInSerializer, max_items=s.MAX_BATCH, component_name="ExperienceCreate"
 )
 TdErrorRequest = PolymorphicProxySerializer(
     component_name="TdErrorRequest",
@@ -45,8 +43,9 @@ class ExperiencePagination(CursorPagination):
 
 class ExperienceCollectionView(APIView):
     @extend_schema(
+        operation_id="experience_list",
         parameters=[s.ExperienceListQuerySerializer],
-        responses={200: s.ExperienceOutSerializer(many=True)},
+        responses={200: paginated(s.ExperienceOutSerializer)},
     )
     def get(self, request: Request) -> Response:
         query = s.ExperienceListQuerySerializer(data=request.query_params)

@@ -2,7 +2,12 @@ from typing import Any
 
 from rest_framework import serializers
 
-from experience.serializers import StrictFloatField, StrictIntegerField, json_size_validator
+from experience.serializers import (
+    MAX_KEEP_SECONDS,
+    StrictFloatField,
+    StrictIntegerField,
+    json_size_validator,
+)
 
 from .models import MemoryItem
 
@@ -30,6 +35,7 @@ class MemoryInSerializer(serializers.Serializer):
     metadata = serializers.DictField(default=dict, validators=[json_size_validator(64_000)])
     ttl_seconds = StrictIntegerField(
         min_value=0,
+        max_value=MAX_KEEP_SECONDS,
         required=False,
         help_text="Seconds to keep it; 0 forever. Default: DEFAULT_MEMORY_TTL.",
     )

@@ -194,7 +194,7 @@ REST_FRAMEWORK = {
     # orjson: the stdlib JSON encoder and decoder were a large part of a request's CPU.
     "DEFAULT_RENDERER_CLASSES": ["ferrum_memory.core.renderers.OrjsonRenderer"],
     "DEFAULT_PARSER_CLASSES": ["ferrum_memory.core.parsers.OrjsonParser"],
-    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+    "DEFAULT_SCHEMA_CLASS": "ferrum_memory.core.schema.AutoSchema",
     "EXCEPTION_HANDLER": "ferrum_memory.core.exceptions.api_exception_handler",
     "UNAUTHENTICATED_USER": None,
 }
@@ -208,6 +208,12 @@ SPECTACULAR_SETTINGS = {
     "SWAGGER_UI_DIST": "SIDECAR",
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
     "REDOC_DIST": "SIDECAR",
+    # Request bodies get their own components, so a required text field says minLength 1.
+    "COMPONENT_SPLIT_REQUEST": True,
+    "POSTPROCESSING_HOOKS": [
+        "drf_spectacular.hooks.postprocess_schema_enums",
+        "ferrum_memory.core.schema.document_error_responses",
+    ],
     # Two `status` enums in the schema (a dream cycle's, and /health's ok/error): named here,
     # or drf-spectacular warns and hashes the names.
     "ENUM_NAME_OVERRIDES": {

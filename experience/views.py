@@ -1,7 +1,12 @@
 import uuid
 from typing import Any
 
-from drf_spectacular.utils import OpenApiResponse, PolymorphicProxySerializer, extend_schema
+from drf_spectacular.utils import (
+    OpenApiParameter,
+    OpenApiResponse,
+    PolymorphicProxySerializer,
+    extend_schema,
+)
 from rest_framework import status
 from rest_framework.exceptions import ValidationError
 from rest_framework.pagination import CursorPagination
@@ -99,15 +104,23 @@ class ExperienceCollectionView(APIView):
         return Response(s.ExperienceBatchOutSerializer(body).data, status=code)
 
 
+EXPERIENCE_ID = OpenApiParameter(
+    "experience_id", {"type": "string", "maxLength": 256}, OpenApiParameter.PATH
+)
+
+
 class ExperienceDetailView(APIView):
-    @extend_schema(responses={200: s.ExperienceOutSerializer, 404: OpenApiResponse()})
+    @extend_schema(
+        parameters=[EXPERIENCE_ID],
+        responses={200: s.ExperienceOutSerializer, 404: OpenApiResponse()},
+    )
     def get(self, request: Request, experience_id: str) -> Response:
         experience = experience_get(
             experience_id=experience_id, agent_ids=allowed_agent_ids(request)
         )
         return Response(s.ExperienceOutSerializer(experience).data)
 
-    @extend_schema(responses={204: None, 404: OpenApiResponse()})
+    @extend_schema(parameters=[EXPERIENCE_ID], responses={204: None, 404: OpenApiResponse()})
     def delete(self, request: Request, experience_id: str) -> Response:
         experience = experience_get(
             experience_id=experience_id, agent_ids=allowed_agent_ids(request)

@@ -16,7 +16,7 @@ MAX_MESSAGES_PER_REQUEST = 1_000
 MAX_TOOL_STATE_BYTES = 256_000
 MAX_METADATA_BYTES = 64_000
 MAX_TTL_SECONDS = 30 * 86_400
-MAX_STEP = 2**63 - 1  # a 64-bit integer: orjson reads a larger one as a float
+MAX_COUNTER = 2**63 - 1  # a 64-bit integer: orjson reads a larger one as a float
 ROLES = ("user", "assistant", "system", "tool")
 
 
@@ -48,7 +48,7 @@ class StateFieldsSerializer(serializers.Serializer):
     tool_state = serializers.DictField(
         required=False, validators=[json_size_validator(MAX_TOOL_STATE_BYTES)]
     )
-    step = StrictIntegerField(min_value=0, max_value=MAX_STEP, required=False)
+    step = StrictIntegerField(min_value=0, max_value=MAX_COUNTER, required=False)
     outcome = serializers.CharField(max_length=MAX_FACT_CHARS, required=False, allow_blank=True)
     metadata = serializers.DictField(
         required=False, validators=[json_size_validator(MAX_METADATA_BYTES)]
@@ -71,7 +71,7 @@ class SessionStartSerializer(StateFieldsSerializer):
 
 class SessionUpdateSerializer(StateFieldsSerializer):
     version = StrictIntegerField(
-        min_value=1, help_text="The version read last; a stale one gets 409."
+        min_value=1, max_value=MAX_COUNTER, help_text="The version read last; a stale one gets 409."
     )
     append_messages = serializers.ListField(
         child=MessageSerializer(), required=False, max_length=MAX_MESSAGES_PER_REQUEST

@@ -25,7 +25,8 @@ class ApiKeyAuthenticationScheme(OpenApiAuthenticationExtension):
 # blank is allowed) text that is empty once trimmed. As `not`, which a generator checks after
 # making a string, rather than a `pattern` it must make strings from (several times slower).
 NO_NUL = {"pattern": "\\u0000"}
-NOT_BLANK = {"pattern": "^\\s*$|\\u0000"}
+# Python's strip() also removes U+001C..U+001F and U+0085, which a JSON Schema \s does not match.
+NOT_BLANK = {"pattern": "^[\\s\\u001c-\\u001f\\u0085]*$|\\u0000"}
 
 
 class AutoSchema(openapi.AutoSchema):
@@ -114,6 +115,10 @@ def document_error_responses(result: dict[str, Any], **kwargs: Any) -> dict[str,
                 # Every body the API reads has a required field (an empty one is a 400); a body
                 # that is one object or a list (oneOf) hides that from drf-spectacular.
                 operation["requestBody"]["required"] = True
+            for parameter in parameters:
+                if parameter["in"] == "query" and not parameter.get("required"):
+                    # DRF reads a query like a form: an empty optional value counts as not given.
+                    parameter["allowEmptyValue"] = True
             responses = operation.setdefault("responses", {})
             for code, description, schema in shared:
                 responses.setdefault(

@@ -199,6 +199,10 @@ REST_FRAMEWORK = {
     "UNAUTHENTICATED_USER": None,
 }
 
+# The largest request body (a 400 beyond it): a batch of 1,000 experiences, or a session's
+# working memory (SESSION_MAX_STATE_BYTES), with room to spare.
+DATA_UPLOAD_MAX_MEMORY_SIZE = 16 * 1024 * 1024
+
 SPECTACULAR_SETTINGS = {
     "TITLE": "ferrum-memory",
     "DESCRIPTION": "Working memory, long-term memory and experience replay for learning agents.",

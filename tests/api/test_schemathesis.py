@@ -77,8 +77,18 @@ def _ordered_range(case: schemathesis.Case) -> bool:
         return True
 
 
+def _unique_ids(case: schemathesis.Case) -> bool:
+    if not isinstance(case.body, list):
+        return True
+    ids = [item.get("id") for item in case.body if isinstance(item, dict) and item.get("id")]
+    return len(ids) == len(set(ids))
+
+
 # Rules across fields, which a JSON Schema cannot state: valid cases keep to them.
-CROSS_FIELD_RULES = {("POST", "/memory/search"): _ordered_range}
+CROSS_FIELD_RULES = {
+    ("POST", "/memory/search"): _ordered_range,
+    ("POST", "/experience/"): _unique_ids,
+}
 
 
 @pytest.mark.parametrize(("method", "path"), schema_operations())

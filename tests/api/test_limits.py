@@ -99,15 +99,16 @@ def test_a_body_over_the_size_cap_is_a_400(api_client, settings):
 
 @pytest.mark.django_db
 @pytest.mark.parametrize(
-    "body",
+    ("path", "body"),
     [
-        # Free-form JSON is stored as jsonb on PostgreSQL, which cannot hold \u0000: was a 500.
-        {"agent_id": "a", "metadata": {"note": "nul \u0000 here"}},
-        {"agent_id": "a", "tool_state": {"k\u0000": 1}},
+        # Free-form JSON is jsonb on PostgreSQL, which cannot hold \u0000: this was a 500.
+        ("/experience/", {"agent_id": "a", "task": "t", "reward": 1, "metadata": {"n": "\u0000"}}),
+        ("/session/start", {"agent_id": "a", "metadata": {"note": "nul \u0000 here"}}),
+        ("/session/start", {"agent_id": "a", "tool_state": {"k\u0000": 1}}),
     ],
 )
-def test_a_nul_character_anywhere_is_a_400(api_client, body):
-    response = api_client.post("/session/start", body, format="json")
+def test_a_nul_character_anywhere_is_a_400(api_client, path, body):
+    response = api_client.post(path, body, format="json")
     assert response.status_code == 400
     assert "NUL" in response.json()["detail"]
 

@@ -86,7 +86,10 @@ def reject_surrogates(value: str) -> None:
 
 
 class CharField(serializers.CharField):
-    """DRF's CharField, with reject_surrogates for its surrogate check."""
+    """DRF's CharField, with reject_surrogates for its surrogate check, that takes a JSON string
+    only (DRF turns a number into its text), as the schema says."""
+
+    default_error_messages = {"invalid": "A string is required."}
 
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
@@ -94,6 +97,11 @@ class CharField(serializers.CharField):
             reject_surrogates if isinstance(v, ProhibitSurrogateCharactersValidator) else v
             for v in self.validators
         ]
+
+    def to_internal_value(self, data: Any) -> str:
+        if not isinstance(data, str):
+            self.fail("invalid")
+        return super().to_internal_value(data)
 
 
 def json_size_validator(limit: int) -> Any:

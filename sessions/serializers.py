@@ -4,6 +4,7 @@ from typing import Any
 
 from rest_framework import serializers
 
+from experience.serializers import CharField as StrictCharField
 from experience.serializers import StrictIntegerField, json_size_validator
 
 from .models import Consolidation, Session
@@ -22,13 +23,11 @@ ROLES = ("user", "assistant", "system", "tool")
 
 class MessageSerializer(serializers.Serializer):
     role = serializers.ChoiceField(choices=ROLES)
-    content = serializers.CharField(
-        max_length=MAX_TEXT_CHARS, allow_blank=True, trim_whitespace=False
-    )
-    name = serializers.CharField(
+    content = StrictCharField(max_length=MAX_TEXT_CHARS, allow_blank=True, trim_whitespace=False)
+    name = StrictCharField(
         max_length=256, required=False, allow_blank=True, help_text="The speaker or tool."
     )
-    at = serializers.CharField(
+    at = StrictCharField(
         max_length=64, required=False, allow_blank=True, help_text="When it was said, as written."
     )
 
@@ -36,12 +35,12 @@ class MessageSerializer(serializers.Serializer):
 class StateFieldsSerializer(serializers.Serializer):
     """The fields of a working-memory state a client sets (each replaces the stored value)."""
 
-    task = serializers.CharField(max_length=MAX_TASK_CHARS, required=False, allow_blank=True)
-    scratchpad = serializers.CharField(
+    task = StrictCharField(max_length=MAX_TASK_CHARS, required=False, allow_blank=True)
+    scratchpad = StrictCharField(
         max_length=MAX_TEXT_CHARS, required=False, allow_blank=True, trim_whitespace=False
     )
     facts = serializers.ListField(
-        child=serializers.CharField(max_length=MAX_FACT_CHARS),
+        child=StrictCharField(max_length=MAX_FACT_CHARS),
         max_length=MAX_FACTS,
         required=False,
     )
@@ -49,14 +48,14 @@ class StateFieldsSerializer(serializers.Serializer):
         required=False, validators=[json_size_validator(MAX_TOOL_STATE_BYTES)]
     )
     step = StrictIntegerField(min_value=0, max_value=MAX_COUNTER, required=False)
-    outcome = serializers.CharField(max_length=MAX_FACT_CHARS, required=False, allow_blank=True)
+    outcome = StrictCharField(max_length=MAX_FACT_CHARS, required=False, allow_blank=True)
     metadata = serializers.DictField(
         required=False, validators=[json_size_validator(MAX_METADATA_BYTES)]
     )
 
 
 class SessionStartSerializer(StateFieldsSerializer):
-    agent_id = serializers.CharField(max_length=256)
+    agent_id = StrictCharField(max_length=256)
     ttl_seconds = StrictIntegerField(
         min_value=1,
         max_value=MAX_TTL_SECONDS,

@@ -8,6 +8,8 @@ from drf_spectacular.extensions import OpenApiAuthenticationExtension
 from drf_spectacular.utils import inline_serializer
 from rest_framework import serializers
 
+from .parsers import MAX_JSON_DEPTH
+
 
 class ApiKeyAuthenticationScheme(OpenApiAuthenticationExtension):
     target_class = "ferrum_memory.core.authentication.ApiKeyAuthentication"
@@ -89,6 +91,10 @@ _WITH_PATH = [("404", "Not found.", _DETAIL)]
 def document_error_responses(result: dict[str, Any], **kwargs: Any) -> dict[str, Any]:
     """drf-spectacular postprocessing hook: add the shared error answers, so that no view has to
     remember them, and a client (or schemathesis) finds every status code the API can send."""
+    result["info"]["description"] += (
+        " Request bodies are JSON of at most DATA_UPLOAD_MAX_MEMORY_SIZE bytes, nested at most"
+        f" {MAX_JSON_DEPTH} levels, with no NUL character (\\u0000) in any string."
+    )
     schemas = result.setdefault("components", {}).setdefault("schemas", {})
     schemas["Error"] = {
         "type": "object",

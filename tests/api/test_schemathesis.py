@@ -11,6 +11,7 @@ the scaled-out run deselects it (-m "not live_server") instead of testing the sa
 import os
 from collections.abc import Iterator
 from datetime import UTC, datetime
+from typing import Any
 
 import pytest
 import requests
@@ -91,12 +92,29 @@ CROSS_FIELD_RULES = {
 }
 
 
+def _nul_free(value: Any) -> Any:
+    if isinstance(value, str):
+        return value.replace("\x00", "0")
+    if isinstance(value, list):
+        return [_nul_free(v) for v in value]
+    if isinstance(value, dict):
+        return {_nul_free(k): _nul_free(v) for k, v in value.items()}
+    return value
+
+
+def _without_nul(case: schemathesis.Case) -> schemathesis.Case:
+    """No JSON string may hold a NUL (the API description says so; PostgreSQL cannot store it):
+    a typed field's schema excludes it, free-form JSON cannot, so valid cases leave it out."""
+    case.body = _nul_free(case.body)
+    return case
+
+
 @pytest.mark.parametrize(("method", "path"), schema_operations())
 def test_operation_conforms_to_its_schema(api_schema, method, path):
     operation = api_schema[path][method]
     rule = CROSS_FIELD_RULES.get((method, path), lambda case: True)
     cases = st.one_of(
-        operation.as_strategy(schemathesis.GenerationMode.POSITIVE).filter(rule),
+        operation.as_strategy(schemathesis.GenerationMode.POSITIVE).map(_without_nul).filter(rule),
         operation.as_strategy(schemathesis.GenerationMode.NEGATIVE),
     )
     session = requests.Session()

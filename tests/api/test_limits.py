@@ -149,3 +149,19 @@ def test_a_ttl_beyond_a_century_is_a_400_not_a_date_overflow(api_client, ttl_sec
     response = api_client.post("/experience/", experience, format="json")
     assert response.status_code == 400
     assert "ttl_seconds" in response.json()
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize(
+    ("path", "body", "field"),
+    [
+        # Found by schemathesis: DRF stored the number's text where the schema says string.
+        ("/experience/", {"agent_id": "a", "task": 5, "reward": 1}, "task"),
+        ("/session/start", {"agent_id": 7}, "agent_id"),
+        ("/memory/search", {"agent_id": "a", "query": 1.5}, "query"),
+    ],
+)
+def test_a_number_where_text_belongs_is_a_400(api_client, path, body, field):
+    response = api_client.post(path, body, format="json")
+    assert response.status_code == 400
+    assert response.json()[field] == ["A string is required."]

@@ -31,6 +31,8 @@ MAX_METADATA_BYTES = 64_000
 MAX_BATCH = 1_000
 MAX_TD_UPDATES = 10_000
 MAX_REPLAY_BATCH = 4_096
+# A count's largest value: a 64-bit integer (orjson reads a larger one as a float).
+MAX_COUNT = 2**63 - 1
 # The longest ttl_seconds of a stored item (0 is forever): a century, so now + ttl is a date.
 MAX_KEEP_SECONDS = 100 * 365 * 86_400
 STRATEGIES = ("prioritized", "recency", "uniform")
@@ -136,11 +138,13 @@ class ToolCallRecordSerializer(serializers.Serializer):
 
 class TestResultSerializer(serializers.Serializer):
     passed = serializers.BooleanField()
-    total = StrictIntegerField(min_value=0, default=0)
-    failed = StrictIntegerField(min_value=0, default=0)
+    total = StrictIntegerField(min_value=0, max_value=MAX_COUNT, default=0)
+    failed = StrictIntegerField(min_value=0, max_value=MAX_COUNT, default=0)
     # The contract names this field `errors`; DRF's metaclass moves declared fields off the
     # class, so it does not shadow Serializer.errors at run time.
-    errors = StrictIntegerField(min_value=0, default=0)  # type: ignore[assignment]
+    errors = StrictIntegerField(  # type: ignore[assignment]
+        min_value=0, max_value=MAX_COUNT, default=0
+    )
     output = serializers.CharField(max_length=MAX_TEXT_CHARS, allow_blank=True, default="")
     duration_ms = StrictFloatField(min_value=0, allow_null=True, default=None)
 
@@ -198,6 +202,8 @@ def _count(value: Any) -> int:
         raise ValidationError(["An integer is required."])
     if value < 0:
         raise ValidationError(["Ensure this value is greater than or equal to 0."])
+    if value > MAX_COUNT:
+        raise ValidationError([f"Ensure this value is less than or equal to {MAX_COUNT}."])
     return value
 
 
@@ -406,7 +412,7 @@ class ExperienceBatchOutSerializer(serializers.Serializer):
 
 
 class TdErrorUpdateSerializer(serializers.Serializer):
-    experience_id = serializers.CharField(max_length=256)
+    experience_id = CharField(max_length=256)
     td_error = StrictFloatField()
 
 

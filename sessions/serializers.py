@@ -4,8 +4,8 @@ from typing import Any
 
 from rest_framework import serializers
 
+from experience.serializers import MAX_COUNT, StrictIntegerField, json_size_validator
 from experience.serializers import CharField as StrictCharField
-from experience.serializers import StrictIntegerField, json_size_validator
 
 from .models import Consolidation, Session
 
@@ -17,7 +17,6 @@ MAX_MESSAGES_PER_REQUEST = 1_000
 MAX_TOOL_STATE_BYTES = 256_000
 MAX_METADATA_BYTES = 64_000
 MAX_TTL_SECONDS = 30 * 86_400
-MAX_COUNTER = 2**63 - 1  # a 64-bit integer: orjson reads a larger one as a float
 ROLES = ("user", "assistant", "system", "tool")
 
 
@@ -47,7 +46,7 @@ class StateFieldsSerializer(serializers.Serializer):
     tool_state = serializers.DictField(
         required=False, validators=[json_size_validator(MAX_TOOL_STATE_BYTES)]
     )
-    step = StrictIntegerField(min_value=0, max_value=MAX_COUNTER, required=False)
+    step = StrictIntegerField(min_value=0, max_value=MAX_COUNT, required=False)
     outcome = StrictCharField(max_length=MAX_FACT_CHARS, required=False, allow_blank=True)
     metadata = serializers.DictField(
         required=False, validators=[json_size_validator(MAX_METADATA_BYTES)]
@@ -70,7 +69,7 @@ class SessionStartSerializer(StateFieldsSerializer):
 
 class SessionUpdateSerializer(StateFieldsSerializer):
     version = StrictIntegerField(
-        min_value=1, max_value=MAX_COUNTER, help_text="The version read last; a stale one gets 409."
+        min_value=1, max_value=MAX_COUNT, help_text="The version read last; a stale one gets 409."
     )
     append_messages = serializers.ListField(
         child=MessageSerializer(), required=False, max_length=MAX_MESSAGES_PER_REQUEST

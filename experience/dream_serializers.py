@@ -6,7 +6,13 @@ from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from .models import DreamCycle, DreamCycleItem
-from .serializers import MAX_REPLAY_BATCH, ExperienceOutSerializer, StrictFloatField
+from .serializers import (
+    MAX_REPLAY_BATCH,
+    CharField,
+    ExperienceOutSerializer,
+    StrictFloatField,
+    StrictIntegerField,
+)
 
 MAX_LEASE_SECONDS = 86_400
 
@@ -82,11 +88,11 @@ class DreamCycleClaimedSerializer(DreamCycleDetailSerializer):
 
 
 class DreamClaimSerializer(serializers.Serializer):
-    agent_id = serializers.CharField(max_length=256)
-    learner = serializers.CharField(
+    agent_id = CharField(max_length=256)
+    learner = CharField(
         max_length=256, required=False, help_text="Who claims; default: the API key's name."
     )
-    lease_seconds = serializers.IntegerField(
+    lease_seconds = StrictIntegerField(
         min_value=1,
         max_value=MAX_LEASE_SECONDS,
         required=False,
@@ -95,12 +101,12 @@ class DreamClaimSerializer(serializers.Serializer):
 
 
 class DreamTdErrorSerializer(serializers.Serializer):
-    experience_id = serializers.CharField(max_length=256)
+    experience_id = CharField(max_length=256)
     td_error = StrictFloatField()
 
 
 class DreamTdErrorReportSerializer(serializers.Serializer):
-    lease_token = serializers.CharField(max_length=64)
+    lease_token = CharField(max_length=64)
     td_errors = DreamTdErrorSerializer(  # type: ignore[call-arg]  # max_length: list kwarg
         many=True, allow_empty=False, max_length=MAX_REPLAY_BATCH
     )

@@ -9,6 +9,7 @@ from rest_framework.views import APIView
 
 from ferrum_memory.core.models import ApiKey
 from ferrum_memory.core.permissions import allowed_agent_ids, ensure_agent_allowed
+from ferrum_memory.core.schema import paginated
 
 from . import dream_serializers as s
 from .dream_selectors import dream_cycle_experiences, dream_cycle_get, dream_cycle_list
@@ -33,8 +34,9 @@ def _detail(cycle: DreamCycle, serializer: type[s.DreamCycleDetailSerializer]) -
 
 class DreamCycleListView(APIView):
     @extend_schema(
+        operation_id="dream_cycles_list",
         parameters=[s.DreamCycleListQuerySerializer],
-        responses={200: s.DreamCycleSerializer(many=True), 400: INVALID},
+        responses={200: paginated(s.DreamCycleSerializer), 400: INVALID},
     )
     def get(self, request: Request) -> Response:
         query = s.DreamCycleListQuerySerializer(data=request.query_params)

@@ -9,6 +9,7 @@ from datetime import datetime
 from typing import Any
 
 from django.conf import settings
+from django.core.validators import RegexValidator
 from django.utils import timezone
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
@@ -20,7 +21,7 @@ from ferrum_memory.core.renderers import json_bytes
 from .models import Experience
 from .selectors import ExperienceRow
 
-ID_PATTERN = re.compile(r"^[A-Za-z0-9._:@-]{1,256}$")
+ID_PATTERN = re.compile(r"^[A-Za-z0-9._:@-]{1,256}\Z")
 # Paths under /experience/ that an id could otherwise shadow.
 RESERVED_IDS = {"stats", "replay", "td-error"}
 MAX_TASK_CHARS = 20_000
@@ -31,6 +32,10 @@ MAX_METADATA_BYTES = 64_000
 MAX_BATCH = 1_000
 MAX_TD_UPDATES = 10_000
 MAX_REPLAY_BATCH = 4_096
+# A count's largest value: a 64-bit integer (orjson reads a larger one as a float).
+MAX_COUNT = 2**63 - 1
+# The longest ttl_seconds of a stored item (0 is forever): a century, so now + ttl is a date.
+MAX_KEEP_SECONDS = 100 * 365 * 86_400
 STRATEGIES = ("prioritized", "recency", "uniform")
 
 
@@ -84,7 +89,10 @@ def reject_surrogates(value: str) -> None:
 
 
 class CharField(serializers.CharField):
-    """DRF's CharField, with reject_surrogates for its surrogate check."""
+    """DRF's CharField, with reject_surrogates for its surrogate check, that takes a JSON string
+    only (DRF turns a number into its text), as the schema says."""
+
+    default_error_messages = {"invalid": "A string is required."}
 
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
@@ -92,6 +100,11 @@ class CharField(serializers.CharField):
             reject_surrogates if isinstance(v, ProhibitSurrogateCharactersValidator) else v
             for v in self.validators
         ]
+
+    def to_internal_value(self, data: Any) -> str:
+        if not isinstance(data, str):
+            self.fail("invalid")
+        return super().to_internal_value(data)
 
 
 def json_size_validator(limit: int) -> Any:
@@ -103,9 +116,13 @@ def json_size_validator(limit: int) -> Any:
     return validate
 
 
+# A RegexValidator, so the OpenAPI schema shows the pattern.
+validate_experience_id_pattern = RegexValidator(
+    ID_PATTERN, "1 to 256 characters from letters, digits and . _ : @ -"
+)
+
+
 def validate_experience_id(value: str) -> None:
-    if not ID_PATTERN.match(value):
-        raise serializers.ValidationError("1 to 256 characters from letters, digits and . _ : @ -")
     if value in RESERVED_IDS:
         raise serializers.ValidationError(f"'{value}' is reserved.")
 
@@ -122,11 +139,13 @@ class ToolCallRecordSerializer(serializers.Serializer):
 
 class TestResultSerializer(serializers.Serializer):
     passed = serializers.BooleanField()
-    total = StrictIntegerField(min_value=0, default=0)
-    failed = StrictIntegerField(min_value=0, default=0)
+    total = StrictIntegerField(min_value=0, max_value=MAX_COUNT, default=0)
+    failed = StrictIntegerField(min_value=0, max_value=MAX_COUNT, default=0)
     # The contract names this field `errors`; DRF's metaclass moves declared fields off the
     # class, so it does not shadow Serializer.errors at run time.
-    errors = StrictIntegerField(min_value=0, default=0)  # type: ignore[assignment]
+    errors = StrictIntegerField(  # type: ignore[assignment]
+        min_value=0, max_value=MAX_COUNT, default=0
+    )
     output = serializers.CharField(max_length=MAX_TEXT_CHARS, allow_blank=True, default="")
     duration_ms = StrictFloatField(min_value=0, allow_null=True, default=None)
 
@@ -197,6 +216,8 @@ def _count(value: Any) -> int:
         raise ValidationError(["An integer is required."])
     if value < 0:
         raise ValidationError(["Ensure this value is greater than or equal to 0."])
+    if value > MAX_COUNT:
+        raise ValidationError([f"Ensure this value is less than or equal to {MAX_COUNT}."])
     return value
 
 
@@ -356,7 +377,7 @@ class ExperienceInSerializer(serializers.Serializer):
     id = CharField(
         max_length=256,
         required=False,
-        validators=[validate_experience_id],
+        validators=[validate_experience_id_pattern, validate_experience_id],
         help_text="Your id for this experience; sending it again returns the stored one.",
     )
     agent_id = CharField(max_length=256)
@@ -371,6 +392,7 @@ class ExperienceInSerializer(serializers.Serializer):
     )
     ttl_seconds = StrictIntegerField(
         min_value=0,
+        max_value=MAX_KEEP_SECONDS,
         required=False,
         help_text="Seconds to keep it; 0 keeps it forever. Default: DEFAULT_REPLAY_TTL.",
     )
@@ -477,7 +499,7 @@ class ExperienceBatchOutSerializer(serializers.Serializer):
 
 
 class TdErrorUpdateSerializer(serializers.Serializer):
-    experience_id = serializers.CharField(max_length=256)
+    experience_id = CharField(max_length=256)
     td_error = StrictFloatField()
 
 

@@ -2,7 +2,12 @@ import uuid
 from typing import Any
 
 import orjson
-from drf_spectacular.utils import OpenApiResponse, PolymorphicProxySerializer, extend_schema
+from drf_spectacular.utils import (
+    OpenApiParameter,
+    OpenApiResponse,
+    PolymorphicProxySerializer,
+    extend_schema,
+)
 from rest_framework import status
 from rest_framework.exceptions import ValidationError
 from rest_framework.pagination import CursorPagination
@@ -13,7 +18,8 @@ from rest_framework.views import APIView
 
 from ferrum_memory.core.permissions import allowed_agent_ids, ensure_agent_allowed
 from ferrum_memory.core.renderers import OrjsonRenderer
-from ferrum_memory.core.validation import validate_one_or_many
+from ferrum_memory.core.schema import paginated
+from ferrum_memory.core.validation import one_or_many_schema, validate_one_or_many
 
 from . import serializers as s
 from .selectors import experience_get, experience_list, experience_stats, replay_sample
@@ -24,11 +30,8 @@ from .services import (
     experience_td_error_update,
 )
 
-ExperienceCreateRequest = PolymorphicProxySerializer(
-    component_name="ExperienceCreate",
-    serializers=[s.ExperienceInSerializer, s.ExperienceInSerializer(many=True)],
-    resource_type_field_name=None,
-    many=False,
+ExperienceCreateRequest = one_or_many_schema(
+    s.ExperienceInSerializer, max_items=s.MAX_BATCH, component_name="ExperienceCreate"
 )
 TdErrorRequest = PolymorphicProxySerializer(
     component_name="TdErrorRequest",
@@ -48,8 +51,9 @@ class ExperiencePagination(CursorPagination):
 
 class ExperienceCollectionView(APIView):
     @extend_schema(
+        operation_id="experience_list",
         parameters=[s.ExperienceListQuerySerializer],
-        responses={200: s.ExperienceOutSerializer(many=True)},
+        responses={200: paginated(s.ExperienceOutSerializer)},
     )
     def get(self, request: Request) -> Response:
         query = s.ExperienceListQuerySerializer(data=request.query_params)
@@ -103,15 +107,23 @@ class ExperienceCollectionView(APIView):
         return Response(s.ExperienceBatchOutSerializer(body).data, status=code)
 
 
+EXPERIENCE_ID = OpenApiParameter(
+    "experience_id", {"type": "string", "maxLength": 256}, OpenApiParameter.PATH
+)
+
+
 class ExperienceDetailView(APIView):
-    @extend_schema(responses={200: s.ExperienceOutSerializer, 404: OpenApiResponse()})
+    @extend_schema(
+        parameters=[EXPERIENCE_ID],
+        responses={200: s.ExperienceOutSerializer, 404: OpenApiResponse()},
+    )
     def get(self, request: Request, experience_id: str) -> Response:
         experience = experience_get(
             experience_id=experience_id, agent_ids=allowed_agent_ids(request)
         )
         return Response(s.ExperienceOutSerializer(experience).data)
 
-    @extend_schema(responses={204: None, 404: OpenApiResponse()})
+    @extend_schema(parameters=[EXPERIENCE_ID], responses={204: None, 404: OpenApiResponse()})
     def delete(self, request: Request, experience_id: str) -> Response:
         experience = experience_get(
             experience_id=experience_id, agent_ids=allowed_agent_ids(request)

@@ -2,7 +2,13 @@ from typing import Any
 
 from rest_framework import serializers
 
-from experience.serializers import StrictFloatField, StrictIntegerField, json_size_validator
+from experience.serializers import (
+    MAX_KEEP_SECONDS,
+    StrictFloatField,
+    StrictIntegerField,
+    json_size_validator,
+)
+from experience.serializers import CharField as StrictCharField
 
 from .models import MemoryItem
 
@@ -13,8 +19,8 @@ MODES = ("hybrid", "dense", "sparse")
 
 
 class MemoryInSerializer(serializers.Serializer):
-    agent_id = serializers.CharField(max_length=256)
-    session_id = serializers.CharField(max_length=256, required=False, allow_blank=True)
+    agent_id = StrictCharField(max_length=256)
+    session_id = StrictCharField(max_length=256, required=False, allow_blank=True)
     kind = serializers.ChoiceField(
         choices=MemoryItem.Kind.choices, default=MemoryItem.Kind.EPISODIC
     )
@@ -22,14 +28,15 @@ class MemoryInSerializer(serializers.Serializer):
     source = serializers.ChoiceField(  # type: ignore[assignment]
         choices=MemoryItem.Source.choices, default=MemoryItem.Source.AGENT
     )
-    content = serializers.CharField(max_length=MAX_CONTENT_CHARS)
+    content = StrictCharField(max_length=MAX_CONTENT_CHARS)
     importance = StrictFloatField(min_value=0, max_value=1, default=0.5)
     tags = serializers.ListField(
-        child=serializers.CharField(max_length=100), max_length=MAX_TAGS, default=list
+        child=StrictCharField(max_length=100), max_length=MAX_TAGS, default=list
     )
     metadata = serializers.DictField(default=dict, validators=[json_size_validator(64_000)])
     ttl_seconds = StrictIntegerField(
         min_value=0,
+        max_value=MAX_KEEP_SECONDS,
         required=False,
         help_text="Seconds to keep it; 0 forever. Default: DEFAULT_MEMORY_TTL.",
     )
@@ -74,17 +81,17 @@ class StoredMemoryBatchSerializer(serializers.Serializer):
 
 
 class MemorySearchSerializer(serializers.Serializer):
-    query = serializers.CharField(max_length=MAX_CONTENT_CHARS)
-    agent_id = serializers.CharField(max_length=256)
+    query = StrictCharField(max_length=MAX_CONTENT_CHARS)
+    agent_id = StrictCharField(max_length=256)
     limit = serializers.IntegerField(min_value=1, max_value=100, default=10)
     mode = serializers.ChoiceField(choices=MODES, default="hybrid")
     kinds = serializers.ListField(
         child=serializers.ChoiceField(choices=MemoryItem.Kind.choices), default=list, max_length=4
     )
     tags = serializers.ListField(
-        child=serializers.CharField(max_length=100), default=list, max_length=MAX_TAGS
+        child=StrictCharField(max_length=100), default=list, max_length=MAX_TAGS
     )
-    session_id = serializers.CharField(max_length=256, required=False, allow_blank=True, default="")
+    session_id = StrictCharField(max_length=256, required=False, allow_blank=True, default="")
     created_after = serializers.DateTimeField(required=False)
     created_before = serializers.DateTimeField(required=False)
     min_importance = StrictFloatField(min_value=0, max_value=1, required=False)

@@ -1,5 +1,6 @@
 from uuid import UUID
 
+from django.conf import settings
 from drf_spectacular.utils import (
     OpenApiParameter,
     OpenApiResponse,
@@ -12,7 +13,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from ferrum_memory.core.permissions import allowed_agent_ids, ensure_agent_allowed
-from ferrum_memory.core.validation import validate_one_or_many
+from ferrum_memory.core.validation import one_or_many_schema, validate_one_or_many
 
 from . import serializers as s
 from .selectors import memory_get, memory_search
@@ -23,11 +24,8 @@ ERRORS = {400: OpenApiResponse(description="Invalid input, with errors per field
 
 class MemoryStoreView(APIView):
     @extend_schema(
-        request=PolymorphicProxySerializer(
-            component_name="MemoryStore",
-            serializers=[s.MemoryInSerializer, s.MemoryInSerializer(many=True)],
-            resource_type_field_name=None,
-            many=False,
+        request=one_or_many_schema(
+            s.MemoryInSerializer, max_items=s.MAX_BATCH, component_name="MemoryStore"
         ),
         responses={
             201: PolymorphicProxySerializer(
@@ -75,11 +73,14 @@ class MemoryDetailView(APIView):
 class MemorySearchView(APIView):
     @extend_schema(
         request=s.MemorySearchSerializer,
+        # Only where a cross-encoder is configured: elsewhere rerank=true is a 400.
         parameters=[
             OpenApiParameter(
                 "rerank", bool, description="Rerank with the configured cross-encoder."
             )
-        ],
+        ]
+        if settings.FASTEMBED_RERANK_MODEL
+        else [],
         responses={200: s.MemorySearchOutSerializer, **ERRORS},
     )
     def post(self, request: Request) -> Response:

@@ -4,7 +4,8 @@ from typing import Any
 
 from rest_framework import serializers
 
-from experience.serializers import StrictIntegerField, json_size_validator
+from experience.serializers import MAX_COUNT, StrictIntegerField, json_size_validator
+from experience.serializers import CharField as StrictCharField
 
 from .models import Consolidation, Session
 
@@ -21,13 +22,11 @@ ROLES = ("user", "assistant", "system", "tool")
 
 class MessageSerializer(serializers.Serializer):
     role = serializers.ChoiceField(choices=ROLES)
-    content = serializers.CharField(
-        max_length=MAX_TEXT_CHARS, allow_blank=True, trim_whitespace=False
-    )
-    name = serializers.CharField(
+    content = StrictCharField(max_length=MAX_TEXT_CHARS, allow_blank=True, trim_whitespace=False)
+    name = StrictCharField(
         max_length=256, required=False, allow_blank=True, help_text="The speaker or tool."
     )
-    at = serializers.CharField(
+    at = StrictCharField(
         max_length=64, required=False, allow_blank=True, help_text="When it was said, as written."
     )
 
@@ -35,27 +34,27 @@ class MessageSerializer(serializers.Serializer):
 class StateFieldsSerializer(serializers.Serializer):
     """The fields of a working-memory state a client sets (each replaces the stored value)."""
 
-    task = serializers.CharField(max_length=MAX_TASK_CHARS, required=False, allow_blank=True)
-    scratchpad = serializers.CharField(
+    task = StrictCharField(max_length=MAX_TASK_CHARS, required=False, allow_blank=True)
+    scratchpad = StrictCharField(
         max_length=MAX_TEXT_CHARS, required=False, allow_blank=True, trim_whitespace=False
     )
     facts = serializers.ListField(
-        child=serializers.CharField(max_length=MAX_FACT_CHARS),
+        child=StrictCharField(max_length=MAX_FACT_CHARS),
         max_length=MAX_FACTS,
         required=False,
     )
     tool_state = serializers.DictField(
         required=False, validators=[json_size_validator(MAX_TOOL_STATE_BYTES)]
     )
-    step = StrictIntegerField(min_value=0, required=False)
-    outcome = serializers.CharField(max_length=MAX_FACT_CHARS, required=False, allow_blank=True)
+    step = StrictIntegerField(min_value=0, max_value=MAX_COUNT, required=False)
+    outcome = StrictCharField(max_length=MAX_FACT_CHARS, required=False, allow_blank=True)
     metadata = serializers.DictField(
         required=False, validators=[json_size_validator(MAX_METADATA_BYTES)]
     )
 
 
 class SessionStartSerializer(StateFieldsSerializer):
-    agent_id = serializers.CharField(max_length=256)
+    agent_id = StrictCharField(max_length=256)
     ttl_seconds = StrictIntegerField(
         min_value=1,
         max_value=MAX_TTL_SECONDS,
@@ -70,7 +69,7 @@ class SessionStartSerializer(StateFieldsSerializer):
 
 class SessionUpdateSerializer(StateFieldsSerializer):
     version = StrictIntegerField(
-        min_value=1, help_text="The version read last; a stale one gets 409."
+        min_value=1, max_value=MAX_COUNT, help_text="The version read last; a stale one gets 409."
     )
     append_messages = serializers.ListField(
         child=MessageSerializer(), required=False, max_length=MAX_MESSAGES_PER_REQUEST

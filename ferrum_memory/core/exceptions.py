@@ -3,6 +3,8 @@
 import logging
 from typing import Any
 
+from django.conf import settings
+from django.core.exceptions import RequestDataTooBig
 from django.core.exceptions import ValidationError as DjangoValidationError
 from django.db import OperationalError
 from django.http import HttpRequest, JsonResponse
@@ -69,6 +71,11 @@ def json_server_error(request: HttpRequest) -> JsonResponse:
 
 
 def json_bad_request(request: HttpRequest, exception: Exception | None = None) -> JsonResponse:
+    if isinstance(exception, RequestDataTooBig):  # a middleware read the body before DRF did
+        limit = settings.DATA_UPLOAD_MAX_MEMORY_SIZE
+        return JsonResponse(
+            {"detail": f"The request body is larger than {limit} bytes."}, status=400
+        )
     return JsonResponse({"detail": "Bad request."}, status=400)
 
 

@@ -1,5 +1,6 @@
 from typing import Any
 
+from drf_spectacular.utils import PolymorphicProxySerializer
 from rest_framework import serializers
 from rest_framework.exceptions import ValidationError
 
@@ -16,3 +17,18 @@ def validate_one_or_many(
     serializer.is_valid(raise_exception=True)
     validated = serializer.validated_data
     return (list(validated) if many else [validated]), many
+
+
+def one_or_many_schema(
+    serializer_class: type[serializers.Serializer], *, max_items: int, component_name: str
+) -> PolymorphicProxySerializer:
+    """The OpenAPI shape of what validate_one_or_many accepts."""
+    return PolymorphicProxySerializer(
+        component_name=component_name,
+        serializers=[
+            serializer_class,
+            serializer_class(many=True, min_length=1, max_length=max_items),  # type: ignore[call-arg]
+        ],
+        resource_type_field_name=None,
+        many=False,
+    )

@@ -206,10 +206,14 @@ REST_FRAMEWORK = {
     # orjson: the stdlib JSON encoder and decoder were a large part of a request's CPU.
     "DEFAULT_RENDERER_CLASSES": ["ferrum_memory.core.renderers.OrjsonRenderer"],
     "DEFAULT_PARSER_CLASSES": ["ferrum_memory.core.parsers.OrjsonParser"],
-    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+    "DEFAULT_SCHEMA_CLASS": "ferrum_memory.core.schema.AutoSchema",
     "EXCEPTION_HANDLER": "ferrum_memory.core.exceptions.api_exception_handler",
     "UNAUTHENTICATED_USER": None,
 }
+
+# The largest request body (a 400 beyond it): a batch of 1,000 experiences, or a session's
+# working memory (SESSION_MAX_STATE_BYTES), with room to spare.
+DATA_UPLOAD_MAX_MEMORY_SIZE = 16 * 1024 * 1024
 
 SPECTACULAR_SETTINGS = {
     "TITLE": "ferrum-memory",
@@ -220,6 +224,12 @@ SPECTACULAR_SETTINGS = {
     "SWAGGER_UI_DIST": "SIDECAR",
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
     "REDOC_DIST": "SIDECAR",
+    # Request bodies get their own components, so a required text field says minLength 1.
+    "COMPONENT_SPLIT_REQUEST": True,
+    "POSTPROCESSING_HOOKS": [
+        "drf_spectacular.hooks.postprocess_schema_enums",
+        "ferrum_memory.core.schema.document_error_responses",
+    ],
     # Two `status` enums in the schema (a dream cycle's, and /health's ok/error): named here,
     # or drf-spectacular warns and hashes the names.
     "ENUM_NAME_OVERRIDES": {

@@ -9,6 +9,7 @@ from datetime import datetime
 from typing import Any
 
 from django.conf import settings
+from django.core.exceptions import ValidationError as DjangoValidationError
 from django.core.validators import RegexValidator
 from django.utils import timezone
 from drf_spectacular.utils import extend_schema_field
@@ -128,12 +129,10 @@ def validate_experience_id(value: str) -> None:
 
 
 class ToolCallRecordSerializer(serializers.Serializer):
-    name = serializers.CharField(max_length=256)
+    name = CharField(max_length=256)
     arguments = serializers.JSONField(default=dict)
     output = serializers.JSONField(default=None, allow_null=True)
-    error = serializers.CharField(
-        max_length=MAX_TEXT_CHARS, allow_null=True, allow_blank=True, default=None
-    )
+    error = CharField(max_length=MAX_TEXT_CHARS, allow_null=True, allow_blank=True, default=None)
     duration_ms = StrictFloatField(min_value=0, allow_null=True, default=None)
 
 
@@ -146,7 +145,7 @@ class TestResultSerializer(serializers.Serializer):
     errors = StrictIntegerField(  # type: ignore[assignment]
         min_value=0, max_value=MAX_COUNT, default=0
     )
-    output = serializers.CharField(max_length=MAX_TEXT_CHARS, allow_blank=True, default="")
+    output = CharField(max_length=MAX_TEXT_CHARS, allow_blank=True, default="")
     duration_ms = StrictFloatField(min_value=0, allow_null=True, default=None)
 
     def to_internal_value(self, data: Any) -> Any:
@@ -174,7 +173,7 @@ def _text(
     null: bool = False,
     validators: tuple[Callable[[str], None], ...] = (),
 ) -> Callable[[Any], Any]:
-    """A CharField's rules: numbers become text, whitespace is trimmed; `validators` (the
+    """Our CharField's rules: a JSON string only, whitespace trimmed; `validators` (the
     field's own) run before the built-in ones and every error is reported, as in DRF."""
 
     def check(value: Any) -> str | None:
@@ -182,9 +181,9 @@ def _text(
             if null:
                 return None
             raise ValidationError(["This field may not be null."])
-        if isinstance(value, bool) or not isinstance(value, str | int | float):
-            raise ValidationError(["Not a valid string."])
-        text = str(value).strip()
+        if not isinstance(value, str):
+            raise ValidationError([CharField.default_error_messages["invalid"]])
+        text = value.strip()
         if not text:
             if blank:
                 return ""
@@ -195,6 +194,8 @@ def _text(
                 validate(text)
             except ValidationError as exc:
                 errors.extend(exc.detail)  # a list, for a message
+            except DjangoValidationError as exc:  # a Django validator, such as RegexValidator
+                errors.extend(exc.messages)
         if len(text) > max_length:
             errors.append(f"Ensure this field has no more than {max_length} characters.")
         if "\x00" in text:
@@ -208,17 +209,24 @@ def _text(
     return check
 
 
-def _count(value: Any) -> int:
-    """StrictIntegerField(min_value=0)."""
-    if value is None:
-        raise ValidationError(["This field may not be null."])
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise ValidationError(["An integer is required."])
-    if value < 0:
-        raise ValidationError(["Ensure this value is greater than or equal to 0."])
-    if value > MAX_COUNT:
-        raise ValidationError([f"Ensure this value is less than or equal to {MAX_COUNT}."])
-    return value
+def _whole(maximum: int) -> Callable[[Any], int]:
+    """StrictIntegerField(min_value=0, max_value=maximum)."""
+
+    def check(value: Any) -> int:
+        if value is None:
+            raise ValidationError(["This field may not be null."])
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ValidationError(["An integer is required."])
+        if value < 0:
+            raise ValidationError(["Ensure this value is greater than or equal to 0."])
+        if value > maximum:
+            raise ValidationError([f"Ensure this value is less than or equal to {maximum}."])
+        return value
+
+    return check
+
+
+_count = _whole(MAX_COUNT)
 
 
 def _duration(value: Any) -> float | None:
@@ -408,7 +416,11 @@ class ExperienceInSerializer(serializers.Serializer):
 
 
 EXPERIENCE: Shape = (
-    ("id", _text(max_length=256, validators=(validate_experience_id,)), OPTIONAL),
+    (
+        "id",
+        _text(max_length=256, validators=(validate_experience_id_pattern, validate_experience_id)),
+        OPTIONAL,
+    ),
     ("agent_id", _text(max_length=256), REQUIRED),
     ("session_id", _text(max_length=256, blank=True), OPTIONAL),
     ("task", _text(max_length=MAX_TASK_CHARS), REQUIRED),
@@ -417,7 +429,7 @@ EXPERIENCE: Shape = (
     ("reward", _number(null=False), REQUIRED),
     ("td_error", _number(null=True), OPTIONAL),
     ("metadata", _sized(_mapping, MAX_METADATA_BYTES), OPTIONAL),
-    ("ttl_seconds", _count, OPTIONAL),
+    ("ttl_seconds", _whole(MAX_KEEP_SECONDS), OPTIONAL),
 )
 
 

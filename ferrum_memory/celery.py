@@ -57,6 +57,16 @@ def _beat_init(**kwargs: Any) -> None:
     setup_tracing()  # a scheduled flow's trace starts at beat's publish
 
 
+def _process_alive(pid: str) -> bool:
+    try:
+        os.kill(int(pid), 0)
+    except (ValueError, ProcessLookupError):
+        return False
+    except PermissionError:
+        return True  # another user's process
+    return True
+
+
 def _serve_metrics(*, prefork: bool) -> None:
     """Serve this worker's metrics on WORKER_METRICS_BIND (host:port). With prefork children
     they need PROMETHEUS_MULTIPROC_DIR set, to a folder of the worker's own (not the web's)."""
@@ -67,10 +77,11 @@ def _serve_metrics(*, prefork: bool) -> None:
         return
     registry = REGISTRY
     if folder := os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
-        # Files of earlier runs would be added to this run's counters.
+        # Files of earlier runs would be added to this run's counters; files of live processes
+        # stay (another worker's, or gunicorn's if the folder is shared by mistake).
         for stale in Path(folder).glob("*.db"):
-            if not stale.stem.endswith(f"_{os.getpid()}"):
-                stale.unlink()
+            if not _process_alive(stale.stem.rpartition("_")[2]):
+                stale.unlink(missing_ok=True)
         registry = CollectorRegistry()
         multiprocess.MultiProcessCollector(registry)
     elif prefork:

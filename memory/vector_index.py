@@ -426,12 +426,15 @@ def _server_filter(flt: SearchFilter) -> Any:
     return models.Filter(must=must, must_not=[expired])
 
 
-def _server_down() -> tuple[type[Exception], ...]:
-    """qdrant-client's errors for a server that does not answer, or answers with an error
-    (imported only when an exception is being matched: the client is slow to import)."""
+def _server_down(exc: Exception) -> bool:
+    """Is `exc` qdrant-client's error for a server that does not answer, or answers with a
+    server error? A 4xx is our bug, not an outage. (Imported here: the client is slow to
+    import.)"""
     from qdrant_client.http.exceptions import ResponseHandlingException, UnexpectedResponse
 
-    return (ResponseHandlingException, UnexpectedResponse)
+    if isinstance(exc, UnexpectedResponse):
+        return (exc.status_code or 500) >= 500
+    return isinstance(exc, ResponseHandlingException)
 
 
 def _load_server_state(key: str) -> dict[str, Any]:
@@ -505,7 +508,9 @@ class VectorIndex:
                 return self.engine.search(
                     mode=mode, dense=dense, sparse=sparse, flt=flt, limit=limit
                 )
-            except _server_down() as exc:
+            except Exception as exc:
+                if not _server_down(exc):
+                    raise
                 raise Unavailable(
                     "The vector index (Qdrant server) does not answer: search is unavailable "
                     "until it is back. Stores are still accepted and indexed when it returns."

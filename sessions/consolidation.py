@@ -43,8 +43,11 @@ MIN_BUDGET_WORDS = 60
 KEY_TERMS_SHARE = 0.35
 # How the gain weighs coverage (embeddings) against specificity (search terms), each 0..1.
 COVERAGE_WEIGHT = 0.1
-# Coverage is measured on at most this many sentences of a session (a step costs O(n * this)).
+# Coverage is measured on at most this many sentences of a session (a step costs
+# O(candidates * this)).
 MAX_COVERED = 1_000
+# At most this many sentences compete for the budget (see budgeted_picks).
+MAX_CANDIDATES = 1_000
 # A sentence shorter than this (in words) is covered but never kept: "ok", "thanks!", "wow".
 MIN_PICK_WORDS = 3
 SUMMARY_HEAD_TURNS = 2
@@ -121,10 +124,8 @@ def budgeted_picks(
     t's first kept sentence pays on top of its own words."""
     n = len(sentences)
     covered_rows = np.linspace(0, n - 1, min(n, MAX_COVERED)).round().astype(int)
-    similarity = np.clip(vectors[covered_rows] @ vectors.T, 0.0, None)  # (covered, candidates)
     rarity = term_rarity(sentences)
     all_rarity = sum(rarity.values()) or 1.0
-    covered = np.zeros(len(covered_rows), dtype=np.float32)
     terms: set[int] = set()
     turns: set[int] = set()
     picks: list[int] = []
@@ -134,15 +135,33 @@ def budgeted_picks(
         prefix = 0 if sentences[i].turn in turns else prefix_words[sentences[i].turn]
         return sentences[i].words + prefix
 
+    def specificity(i: int) -> float:
+        return sum(rarity[t] for t in sentences[i].terms - terms) / all_rarity
+
     candidates = [i for i, s in enumerate(sentences) if s.words >= MIN_PICK_WORDS]
+    # (covered rows, candidates), cosine similarity floored at 0.
+    similarity = np.clip(vectors[covered_rows] @ vectors[candidates].T, 0.0, None)
+    if len(candidates) > MAX_CANDIDATES:
+        # Every step rescores every candidate; on a very long session keep those worth most on
+        # their own, so that a consolidation stays well inside the task's time limit.
+        alone = COVERAGE_WEIGHT * similarity.mean(axis=0) + (1 - COVERAGE_WEIGHT) * np.array(
+            [specificity(i) for i in candidates]
+        )
+        alone /= np.array([cost(i) for i in candidates])
+        keep = np.sort(np.argsort(-alone, kind="stable")[:MAX_CANDIDATES])
+        candidates = [candidates[k] for k in keep]
+        similarity = similarity[:, keep]
+    column = {i: k for k, i in enumerate(candidates)}
+    covered = np.zeros(len(covered_rows), dtype=np.float32)
     while candidates:
         gains = np.maximum(similarity, covered[:, None]).sum(axis=0) - covered.sum()
         coverage = gains / len(covered)  # 0..1, as specificity
         best, best_value = -1, 0.0
         for i in candidates:
             if spent + cost(i) <= budget:
-                specificity = sum(rarity[t] for t in sentences[i].terms - terms) / all_rarity
-                gain = COVERAGE_WEIGHT * coverage[i] + (1 - COVERAGE_WEIGHT) * specificity
+                gain = COVERAGE_WEIGHT * coverage[column[i]] + (1 - COVERAGE_WEIGHT) * specificity(
+                    i
+                )
                 if gain / cost(i) > best_value:
                     best, best_value = i, gain / cost(i)
         if best < 0:
@@ -152,7 +171,7 @@ def budgeted_picks(
         candidates.remove(best)
         turns.add(sentences[best].turn)
         terms.update(sentences[best].terms)
-        covered = np.maximum(covered, similarity[:, best])
+        covered = np.maximum(covered, similarity[:, column[best]])
     return picks
 
 

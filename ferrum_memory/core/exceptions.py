@@ -6,7 +6,7 @@ from typing import Any
 from django.conf import settings
 from django.core.exceptions import RequestDataTooBig
 from django.core.exceptions import ValidationError as DjangoValidationError
-from django.db import OperationalError
+from django.db import OperationalError, connection
 from django.http import HttpRequest, JsonResponse
 from rest_framework import exceptions, status
 from rest_framework.response import Response
@@ -46,14 +46,20 @@ class Unavailable(ServiceError):
     status_code = status.HTTP_503_SERVICE_UNAVAILABLE
 
 
+def _transient(exc: OperationalError) -> bool:
+    """On PostgreSQL an OperationalError is the connection or the server; SQLite also raises it
+    for bugs ("no such table"), which must stay 500s: there only a busy database is transient."""
+    return connection.vendor != "sqlite" or "locked" in str(exc)
+
+
 def api_exception_handler(exc: Exception, context: dict[str, Any]) -> Response | None:
     if isinstance(exc, ServiceError):
         return Response({"detail": exc.message, **exc.extra}, status=exc.status_code)
-    if isinstance(exc, OperationalError):
+    if isinstance(exc, OperationalError) and _transient(exc):
         # A dropped connection, a restarted server, a lock wait that timed out: transient, so
         # 503 (retry), not 500. Django closes the broken connection as the request ends and
         # the next request opens a new one.
-        logger.warning("database error, answered 503: %s", exc)
+        logger.warning("database error, answered 503: %s", exc, exc_info=True)
         return Response({"detail": DATABASE_FAILED}, status=status.HTTP_503_SERVICE_UNAVAILABLE)
     if isinstance(exc, DjangoValidationError):
         exc = exceptions.ValidationError(

@@ -2,7 +2,7 @@
 
 Each is named in the README. Under gunicorn they are summed over the workers through
 PROMETHEUS_MULTIPROC_DIR (see gunicorn.conf.py); the Celery worker serves its own on
-WORKER_METRICS_PORT.
+WORKER_METRICS_BIND.
 """
 
 import functools

@@ -217,6 +217,14 @@ def _request_id(request: HttpRequest) -> Iterator[str]:
         logs.request_id.reset(token)
 
 
+# A metric label takes a bounded set of values: any other verb a client sends is "OTHER".
+HTTP_METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
+
+
+def _method_label(request: HttpRequest) -> str:
+    return request.method if request.method in HTTP_METHODS else "OTHER"
+
+
 def _level(status: int) -> int:
     """Errors and failed requests stand out, as in Django's own request log."""
     return logging.ERROR if status >= 500 else logging.WARNING if status >= 400 else logging.INFO
@@ -237,7 +245,7 @@ class RequestTelemetryMiddleware:
             seconds = time.perf_counter() - started
             operation = _operation(request)
             API_REQUEST_SECONDS.labels(
-                operation=operation, method=request.method, status=response.status_code
+                operation=operation, method=_method_label(request), status=response.status_code
             ).observe(seconds)
             access_logger.log(
                 _level(response.status_code),

@@ -211,8 +211,9 @@ REST_FRAMEWORK = {
     "UNAUTHENTICATED_USER": None,
 }
 
-# The largest request body (a 400 beyond it): a batch of 1,000 experiences, or a session's
-# working memory (SESSION_MAX_STATE_BYTES), with room to spare.
+# The largest request body (a 400 beyond it): a session's working memory
+# (SESSION_MAX_STATE_BYTES) with room to spare, or a batch of 1,000 experiences of up to 16 KiB
+# each on average (one experience may hold more, so a batch of large ones must be split).
 DATA_UPLOAD_MAX_MEMORY_SIZE = 16 * 1024 * 1024
 
 SPECTACULAR_SETTINGS = {

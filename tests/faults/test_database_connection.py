@@ -104,3 +104,15 @@ def test_a_locked_sqlite_database_fails_one_request_cleanly_and_the_next_one_wor
     created = api_client.post("/experience/", {"id": "after-the-lock", **EXPERIENCE}, format="json")
     assert created.status_code == 201, created.json()
     assert api_client.get("/experience/while-locked").status_code == 404
+
+
+@pytest.mark.skipif(connection.vendor != "sqlite", reason="SQLite's own OperationalErrors")
+def test_on_sqlite_only_a_busy_database_is_a_503_other_operational_errors_stay_500s():
+    from django.db import OperationalError
+
+    from ferrum_memory.core.exceptions import api_exception_handler
+
+    busy = api_exception_handler(OperationalError("database is locked"), {})
+    assert busy is not None and busy.status_code == 503
+    # A missing table is a bug to see in the logs as a 500, not an outage to retry.
+    assert api_exception_handler(OperationalError("no such table: experience"), {}) is None

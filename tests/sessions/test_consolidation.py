@@ -88,6 +88,17 @@ def test_budgeted_picks_keep_specific_sentences_within_the_budget():
     assert budgeted_picks(vectors, sentences, prefix, budget=10) == []  # nothing fits
 
 
+def test_a_long_session_lets_only_the_best_candidates_compete(monkeypatch):
+    # Each step rescores every candidate, so a very long session is cut to the sentences worth
+    # most on their own: the topics, not the filler.
+    monkeypatch.setattr("sessions.consolidation.MAX_CANDIDATES", 3)
+    texts = [*FILLER, *(group[0] for group in TOPICS.values())]
+    sentences = sentences_of(texts)
+    vectors = get_embedder().embed_documents(texts)
+    picks = budgeted_picks(vectors, sentences, [3] * len(texts), budget=1_000)
+    assert sorted(picks) == [3, 4, 5]
+
+
 def test_key_terms_list_what_the_kept_sentences_miss():
     sentences = sentences_of(
         [

@@ -46,6 +46,7 @@ from replay import (  # noqa: E402 - after the path set-up
     _gunicorn,
     _manage,
     _print_table,
+    _stop,
 )
 from search import locomo_texts  # noqa: E402
 
@@ -250,12 +251,7 @@ def celery_worker(env: dict[str, str], log_path: Path) -> Iterator[subprocess.Po
     try:
         yield worker
     finally:
-        worker.terminate()
-        try:
-            worker.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            worker.kill()
-            worker.wait()
+        _stop(worker, timeout=30)
 
 
 def warm_up(port: int, key: str, workers: int, texts: list[str]) -> None:

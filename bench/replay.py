@@ -453,12 +453,17 @@ def _gunicorn(
         print("gunicorn log (tail):", *tail, sep="\n  ", file=sys.stderr)
         raise
     finally:
-        server.terminate()  # SIGTERM: gunicorn's graceful shutdown
-        try:
-            server.wait(timeout=40)
-        except subprocess.TimeoutExpired:
-            server.kill()
-            server.wait()
+        _stop(server, timeout=40)
+
+
+def _stop(process: subprocess.Popen, timeout: float) -> None:
+    """SIGTERM (gunicorn's and Celery's graceful shutdown), then SIGKILL after `timeout`."""
+    process.terminate()
+    try:
+        process.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
 
 
 class _CpuMeter:

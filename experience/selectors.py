@@ -122,7 +122,7 @@ def _stored_json(text: str | None) -> orjson.Fragment | None:
     return None if text is None else orjson.Fragment(text)
 
 
-def _parsed(value: orjson.Fragment | None) -> Any:
+def parse_stored_json(value: orjson.Fragment | None) -> Any:
     return None if value is None else orjson.loads(orjson.dumps(value))
 
 
@@ -172,9 +172,9 @@ def experience_in_bulk(pks: Iterable[int]) -> dict[int, Experience]:
             DEFAULT_DB_ALIAS,
             names,
             row._replace(
-                tool_calls=_parsed(row.tool_calls),
-                test_result=_parsed(row.test_result),
-                metadata=_parsed(row.metadata),
+                tool_calls=parse_stored_json(row.tool_calls),
+                test_result=parse_stored_json(row.test_result),
+                metadata=parse_stored_json(row.metadata),
             ),
         )
         for pk, row in experience_rows(pks).items()

@@ -22,7 +22,13 @@ from ferrum_memory.core.schema import paginated
 from ferrum_memory.core.validation import one_or_many_schema, validate_one_or_many
 
 from . import serializers as s
-from .selectors import experience_get, experience_list, experience_stats, replay_sample
+from .selectors import (
+    experience_get,
+    experience_list,
+    experience_stats,
+    parse_stored_json,
+    replay_sample,
+)
 from .services import (
     experience_create_many,
     experience_delete_many,
@@ -174,7 +180,7 @@ class StoredJsonEncoder(JSONEncoder):
 
     def default(self, obj: Any) -> Any:
         if isinstance(obj, orjson.Fragment):
-            return orjson.loads(orjson.dumps(obj))
+            return parse_stored_json(obj)
         return super().default(obj)
 
 

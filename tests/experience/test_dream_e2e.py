@@ -100,13 +100,18 @@ def celery_processes(tmp_path: Path) -> Iterator[Callable[[], str]]:
         yield read_logs
     finally:
         for process in processes.values():
-            process.terminate()
-        for process in processes.values():
-            try:
-                process.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait(timeout=10)
+            stop_process(process, timeout=20)
+
+
+def stop_process(process: subprocess.Popen, timeout: float) -> None:
+    """SIGTERM (a graceful shutdown), then SIGKILL if it is not done within `timeout`."""
+    if process.poll() is None:
+        process.terminate()
+    try:
+        process.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait(timeout=10)
 
 
 def wait_for(condition: Callable[[], Any], logs: Callable[[], str], what: str) -> Any:

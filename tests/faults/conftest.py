@@ -18,7 +18,7 @@ import pytest
 
 from tests.conftest import require_service
 from tests.experience.conftest import send_tasks_to  # noqa: F401 - a fixture
-from tests.experience.test_dream_e2e import ROOT, process_env, wait_for
+from tests.experience.test_dream_e2e import ROOT, process_env, stop_process, wait_for
 
 REDIS_SERVER = shutil.which("redis-server") or "/usr/bin/redis-server"
 
@@ -109,12 +109,7 @@ def web_process(tmp_path: Path, key: str, **env: str) -> Iterator[Web]:
         assert server.poll() is None, logs()
         yield Web(port, key, logs)
     finally:
-        server.terminate()
-        try:
-            server.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            server.kill()
-            server.wait(timeout=10)
+        stop_process(server, timeout=30)
 
 
 class RedisServer:
@@ -210,10 +205,4 @@ def worker_process(tmp_path: Path, name: str, **env: str) -> Iterator[subprocess
         )
         yield worker
     finally:
-        if worker.poll() is None:
-            worker.terminate()
-            try:
-                worker.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                worker.kill()
-                worker.wait(timeout=10)
+        stop_process(worker, timeout=20)

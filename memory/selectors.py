@@ -93,7 +93,7 @@ def memory_search(
     )
     # By primary key only: with an agent filter SQLite picks the agent index and reads every
     # row the agent has. The index already filtered agent and expiry; the DB has the last word.
-    rows = MemoryItem.objects.in_bulk([pk for pk, _ in hits])
+    rows = MemoryItem.objects.defer("embedding").in_bulk([pk for pk, _ in hits])
     found = [
         MemoryHit(rows[pk], score)
         for pk, score in hits

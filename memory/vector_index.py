@@ -104,6 +104,7 @@ class EdgeEngine:
         self._root = root
         self._path, self._lock_file = self._claim_folder(root)
         self._shard: Any = None
+        self._state: dict[str, Any] | None = None  # state.json, once read
         if (self._path / "shard").exists() and (self._path / "state.json").exists():
             from qdrant_edge import EdgeShard
 
@@ -148,6 +149,7 @@ class EdgeEngine:
         self._close_shard()
         shutil.rmtree(self._path / "shard", ignore_errors=True)
         (self._path / "state.json").unlink(missing_ok=True)
+        self._state = None
         # Every search filters on one agent, so a graph over all agents would never be used:
         # m=0 builds none, payload_m builds one per agent (is_tenant) big enough to need it,
         # and an agent below HNSW_FULL_SCAN_KB is scanned exactly through the agent_id index.
@@ -240,16 +242,19 @@ class EdgeEngine:
         ]
 
     def load_state(self) -> dict[str, Any]:
-        path = self._path / "state.json"
-        if self._shard is None or not path.exists():
-            return {}
-        return dict(json.loads(path.read_text()))
+        # Read once: this process alone writes the folder it holds (every search asks).
+        if self._state is None:
+            path = self._path / "state.json"
+            exists = self._shard is not None and path.exists()
+            self._state = dict(json.loads(path.read_text())) if exists else {}
+        return dict(self._state)
 
     def save_state(self, state: dict[str, Any]) -> None:
         self._need_shard().flush()  # the cursor must never run ahead of what is on disk
         temporary = self._path / "state.json.tmp"
         temporary.write_text(json.dumps(state))
         temporary.replace(self._path / "state.json")
+        self._state = dict(state)
 
     def _close_shard(self) -> None:
         if self._shard is not None:

@@ -6,7 +6,7 @@ in a fresh temporary data folder. Each part is one function that prints one tabl
 
 - ``latency``: hybrid search p50/p95 at N = 10^4 and 10^5 items (``--sizes``), (a) all of one
   agent and (b) spread over 100 agents. Embedding 10^5 texts through the model would take
-  hours here, so the rows are written straight to the DB: real short texts (LoCoMo turns, each
+  most of an hour here, so the rows are written straight to the DB: real short texts (LoCoMo turns, each
   with a numbered suffix to make it unique) with random unit vectors as their embedding, all in
   one transaction under one "memory" revision, exactly as ``memory_store_many`` would leave
   them. The vector index is then rebuilt from the DB (timed: reading the rows, BM25 of each

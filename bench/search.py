@@ -5,13 +5,13 @@ Runs the service's own code (``memory.selectors.memory_search``,
 in a fresh temporary data folder. Each part is one function that prints one table.
 
 - ``latency``: hybrid search p50/p95 at N = 10^4 and 10^5 items (``--sizes``), (a) all of one
-  agent and (b) spread over 100 agents. Embedding 10^5 texts through the model would take
-  most of an hour here, so the rows are written straight to the DB: real short texts (LoCoMo turns, each
-  with a numbered suffix to make it unique) with random unit vectors as their embedding, all in
-  one transaction under one "memory" revision, exactly as ``memory_store_many`` would leave
-  them. The vector index is then rebuilt from the DB (timed: reading the rows, BM25 of each
-  text, upserting into qdrant-edge). Queries are real questions (LoCoMo), embedded per query:
-  each timing is the whole ``memory_search`` call, query embedding and DB fetch included.
+  agent and (b) spread over 100 agents. Embedding 10^5 texts through the model would take most
+  of an hour here, so the rows are written straight to the DB: real short texts (LoCoMo turns,
+  each with a numbered suffix to make it unique) with random unit vectors as their embedding,
+  all in one transaction under one "memory" revision, exactly as ``memory_store_many`` would
+  leave them. The vector index is then rebuilt from the DB (timed: reading the rows, BM25 of
+  each text, upserting into qdrant-edge). Queries are real questions (LoCoMo), embedded per
+  query: each timing is the whole ``memory_search`` call, query embedding and DB fetch included.
 - ``store``: ``memory_store_many`` throughput in items/s, one item per call and in batches of
   256, with real embeddings (the configured model) of distinct LoCoMo turns, on top of the
   last index the latency part built (or an empty one when it did not run). Near-duplicate

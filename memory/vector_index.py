@@ -51,7 +51,7 @@ HNSW_FULL_SCAN_KB = 10_000
 # Dense vectors are also kept as int8 (scalar quantization), which the graph walk scores:
 # measured on 10^5 points of one agent, dense search 2.5 -> 1.0 ms and the graph built 3x
 # faster. The hits are rescored with the float vectors, so the order returned is exact.
-QUANTILE = 0.99
+INT8_QUANTILE = 0.99
 ROW_FIELDS = (
     "id",
     "agent_id",
@@ -171,7 +171,7 @@ class EdgeEngine:
                 full_scan_threshold=HNSW_FULL_SCAN_KB,
             ),
             quantization_config=ScalarQuantizationConfig(
-                ScalarType.Int8, quantile=QUANTILE, always_ram=True
+                ScalarType.Int8, quantile=INT8_QUANTILE, always_ram=True
             ),
         )
         self._shard = EdgeShard.create(str(self._path / "shard"), config)
@@ -332,7 +332,7 @@ class ServerEngine:
             sparse_vectors_config={SPARSE: models.SparseVectorParams(modifier=models.Modifier.IDF)},
             quantization_config=models.ScalarQuantization(
                 scalar=models.ScalarQuantizationConfig(
-                    type=models.ScalarType.INT8, quantile=QUANTILE, always_ram=True
+                    type=models.ScalarType.INT8, quantile=INT8_QUANTILE, always_ram=True
                 )
             ),
         )

@@ -43,14 +43,16 @@ PREFETCH = 50
 RRF_K = 2
 RRF_WEIGHTS = (1.0, 2.0)  # dense, bm25
 APPLY_CHUNK = 256
-# Qdrant's defaults for the per-agent HNSW graphs; below the threshold (in KB of vectors, about
-# 6,600 of 384 floats) an agent's points are scored exactly.
+# Qdrant's defaults for the per-agent HNSW graphs. Below the threshold (in KB of vectors, about
+# 6,600 of 384 floats) an agent's points are scored exactly, and a segment is indexed (graphs
+# and int8 copies) once it holds that much; stated here so that tests can lower it.
 HNSW_M = 16
 HNSW_EF_CONSTRUCT = 100
 HNSW_FULL_SCAN_KB = 10_000
-# Dense vectors are also kept as int8 (scalar quantization), which the graph walk scores:
-# measured on 10^5 points of one agent, dense search 2.5 -> 1.0 ms and the graph built 3x
-# faster. The hits are rescored with the float vectors, so the order returned is exact.
+# An indexed segment keeps dense vectors as int8 too (scalar quantization), which the graph walk
+# scores: measured on 10^5 points of one agent, dense search 2.5 -> 1.0 ms and the graph built
+# 3x faster. Dense searches ask for the hits to be rescored with the float vectors (qdrant does
+# not by default), so the scores and order returned are exact.
 INT8_QUANTILE = 0.99
 ROW_FIELDS = (
     "id",
@@ -140,6 +142,7 @@ class EdgeEngine:
         from qdrant_edge import (
             Distance,
             EdgeConfig,
+            EdgeOptimizersConfig,
             EdgeShard,
             EdgeSparseVectorParams,
             EdgeVectorParams,
@@ -173,6 +176,7 @@ class EdgeEngine:
             quantization_config=ScalarQuantizationConfig(
                 ScalarType.Int8, quantile=INT8_QUANTILE, always_ram=True
             ),
+            optimizers=EdgeOptimizersConfig(indexing_threshold=HNSW_FULL_SCAN_KB),
         )
         self._shard = EdgeShard.create(str(self._path / "shard"), config)
         keyword, number = KeywordIndexParams(enable_hnsw=False), FloatIndexParams(enable_hnsw=False)

@@ -2,6 +2,7 @@ import subprocess
 import sys
 from functools import partial
 
+import numpy as np
 import pytest
 
 from memory import vector_index
@@ -94,6 +95,42 @@ def test_an_edge_shard_survives_a_restart_and_two_processes_never_share_one(sett
     assert indexed_ids(again, "a") == db_ids("a")
     again.close()
     second.close()
+
+
+@pytest.mark.django_db
+def test_dense_scores_stay_exact_once_the_index_holds_int8_copies(settings, tmp_path, monkeypatch):
+    """An indexed qdrant-edge segment scores int8 copies of the vectors; without rescoring the
+    hits would carry scores about 1e-3 off (qdrant does not rescore by default)."""
+    from memory.embeddings import get_embedder
+    from memory.vector_index import SearchFilter
+
+    settings.DATA_DIR = tmp_path
+    settings.MEMORY_NEAR_DUPLICATE = 1.01  # keep every text: they are much alike
+    monkeypatch.setattr(vector_index, "HNSW_FULL_SCAN_KB", 1)  # index from the first KB on
+    texts = [f"memory number {n}: the {word} report" for n in range(40) for word in ("red", "blue")]
+    memory_store_many(items=[{"agent_id": "a", "content": text} for text in texts])
+    index = VectorIndex(EdgeEngine(tmp_path / "edge"))
+    index.catch_up()
+    shard = index.engine._need_shard().info()  # type: ignore[attr-defined]
+    # Both vectors of every point (dense and BM25) sit in indexed segments.
+    assert shard.points_count == len(texts) and shard.indexed_vectors_count == 2 * len(texts)
+
+    query = get_embedder().embed_query("the blue report")
+    hits = index.search(
+        mode="dense",
+        dense=query.tolist(),
+        sparse=get_embedder().sparse_query("the blue report"),
+        flt=SearchFilter(agent_id="a", now=0.0),
+        limit=10,
+    )
+    stored = {
+        item.pk: np.frombuffer(bytes(item.embedding), dtype=np.float32)
+        for item in MemoryItem.objects.all()
+    }
+    assert len(hits) == 10
+    for pk, score in hits:
+        assert score == pytest.approx(float(stored[pk] @ query), abs=1e-5)
+    index.close()
 
 
 @pytest.mark.django_db

@@ -52,24 +52,31 @@ def process_env(tmp_path: Path) -> dict[str, str]:
     return env
 
 
+CELERY = [sys.executable, "-m", "celery", "-A", "ferrum_memory"]
+
+
+def worker_command(name: str) -> list[str]:
+    """A Celery worker whose solo pool runs each task in the worker process itself."""
+    return [
+        *CELERY,
+        "worker",
+        "--pool=solo",
+        "--loglevel=INFO",
+        "--without-gossip",
+        "--without-mingle",
+        "--without-heartbeat",
+        f"--hostname={name}-{os.getpid()}@%h",
+    ]
+
+
 @contextmanager
 def celery_processes(tmp_path: Path) -> Iterator[Callable[[], str]]:
     """Start a worker and a beat; give a function returning their logs; always stop them."""
     env = process_env(tmp_path)
-    celery = [sys.executable, "-m", "celery", "-A", "ferrum_memory"]
     commands = {
-        "worker": [
-            *celery,
-            "worker",
-            "--pool=solo",
-            "--loglevel=INFO",
-            "--without-gossip",
-            "--without-mingle",
-            "--without-heartbeat",
-            f"--hostname=e2e-{os.getpid()}@%h",
-        ],
+        "worker": worker_command("e2e"),
         "beat": [
-            *celery,
+            *CELERY,
             "beat",
             "-S",
             "django_celery_beat.schedulers:DatabaseScheduler",

@@ -2,7 +2,6 @@
 database, and a redis-server of the test's own that the test stops and starts again."""
 
 import http.client
-import os
 import shutil
 import socket
 import subprocess
@@ -18,7 +17,13 @@ import pytest
 
 from tests.conftest import require_service
 from tests.experience.conftest import send_tasks_to  # noqa: F401 - a fixture
-from tests.experience.test_dream_e2e import ROOT, process_env, stop_process, wait_for
+from tests.experience.test_dream_e2e import (
+    ROOT,
+    process_env,
+    stop_process,
+    wait_for,
+    worker_command,
+)
 
 REDIS_SERVER = shutil.which("redis-server") or "/usr/bin/redis-server"
 
@@ -175,23 +180,9 @@ def worker_process(tmp_path: Path, name: str, **env: str) -> Iterator[subprocess
     and broker (tests/experience/test_dream_e2e.py), logging to `{name}.log`; stopped at the
     end unless the test killed it."""
     log_path = tmp_path / f"{name}.log"
-    command = [
-        sys.executable,
-        "-m",
-        "celery",
-        "-A",
-        "ferrum_memory",
-        "worker",
-        "--pool=solo",
-        "--loglevel=INFO",
-        "--without-gossip",
-        "--without-mingle",
-        "--without-heartbeat",
-        f"--hostname={name}-{os.getpid()}@%h",
-    ]
     with log_path.open("wb") as log:
         worker = subprocess.Popen(
-            command,
+            worker_command(name),
             cwd=ROOT,
             env={**process_env(tmp_path), **env},
             stdout=log,

@@ -3,7 +3,6 @@
 import logging
 from typing import Any
 
-from django.conf import settings
 from django.core.exceptions import RequestDataTooBig
 from django.core.exceptions import ValidationError as DjangoValidationError
 from django.db import OperationalError, connection
@@ -11,6 +10,8 @@ from django.http import HttpRequest, JsonResponse
 from rest_framework import exceptions, status
 from rest_framework.response import Response
 from rest_framework.views import exception_handler
+
+from .parsers import body_too_large
 
 logger = logging.getLogger(__name__)
 
@@ -78,10 +79,7 @@ def json_server_error(request: HttpRequest) -> JsonResponse:
 
 def json_bad_request(request: HttpRequest, exception: Exception | None = None) -> JsonResponse:
     if isinstance(exception, RequestDataTooBig):  # a middleware read the body before DRF did
-        limit = settings.DATA_UPLOAD_MAX_MEMORY_SIZE
-        return JsonResponse(
-            {"detail": f"The request body is larger than {limit} bytes."}, status=400
-        )
+        return JsonResponse({"detail": body_too_large()}, status=400)
     return JsonResponse({"detail": "Bad request."}, status=400)
 
 

@@ -25,6 +25,12 @@ MAX_JSON_DEPTH = 64
 _NUL_ESCAPE = re.compile(rb"(?<!\\)(?:\\\\)*\\u0000")
 
 
+def body_too_large() -> str:
+    """Why a body over DATA_UPLOAD_MAX_MEMORY_SIZE is refused, by this parser or by Django's
+    own check (core/exceptions.py)."""
+    return f"The request body is larger than {settings.DATA_UPLOAD_MAX_MEMORY_SIZE} bytes."
+
+
 def json_depth_exceeds(data: Any, limit: int) -> bool:
     """Whether arrays and objects nest more than `limit` deep; visits each container once."""
     level = [data] if isinstance(data, dict | list) else []
@@ -54,7 +60,7 @@ class OrjsonParser(JSONParser):
             # Read one byte past the limit, not trusting Content-Length (chunked, or a lie).
             body = stream.read() if limit is None else stream.read(limit + 1)
             if limit is not None and len(body) > limit:
-                raise ParseError(f"The request body is larger than {limit} bytes.")
+                raise ParseError(body_too_large())
             if codecs.lookup(encoding).name != "utf-8":  # orjson reads UTF-8 only
                 body = body.decode(encoding)
             data = orjson.loads(body)

@@ -17,9 +17,11 @@ from urllib.parse import urlsplit, urlunsplit
 import pytest
 from django.db import connection
 from django_celery_beat.models import IntervalSchedule, PeriodicTask
+from kombu import Connection
 
 from experience.models import DreamCycle, Experience
 from experience.services import experience_mark_sampled_flush, priority_from_td_error
+from ferrum_memory.celery import app
 from tests.experience.factories import experience_jsons
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -50,6 +52,19 @@ def process_env(tmp_path: Path) -> dict[str, str]:
     redis_url = os.environ.get("REDIS_URL", "")
     env["CELERY_BROKER_URL"] = redis_url or f"sqla+sqlite:///{tmp_path / 'broker.sqlite3'}"
     return env
+
+
+def empty_broker(url: str) -> None:
+    """Drop what earlier runs left on a shared Redis broker before a worker starts: a message
+    a killed worker held is handed to the next worker once Redis's visibility timeout (1 hour)
+    has passed, and that worker would run it before the test's own. A SQLite broker is a new
+    file per test and starts empty."""
+    if not url.startswith("redis"):
+        return
+    with Connection(url) as conn:
+        channel = conn.default_channel
+        channel.queue_purge(app.conf.task_default_queue)
+        channel.client.delete(channel.unacked_key, channel.unacked_index_key)
 
 
 CELERY = [sys.executable, "-m", "celery", "-A", "ferrum_memory"]
@@ -86,6 +101,7 @@ def celery_processes(tmp_path: Path) -> Iterator[Callable[[], str]]:
         ],
     }
     logs = {name: tmp_path / f"{name}.log" for name in commands}
+    empty_broker(env["CELERY_BROKER_URL"])
     processes: dict[str, subprocess.Popen[bytes]] = {}
 
     def read_logs() -> str:

@@ -19,6 +19,7 @@ from tests.conftest import require_service
 from tests.experience.conftest import send_tasks_to  # noqa: F401 - a fixture
 from tests.experience.test_dream_e2e import (
     ROOT,
+    empty_broker,
     process_env,
     stop_process,
     wait_for,
@@ -180,6 +181,7 @@ def worker_process(tmp_path: Path, name: str, **env: str) -> Iterator[subprocess
     and broker (tests/experience/test_dream_e2e.py), logging to `{name}.log`; stopped at the
     end unless the test killed it."""
     log_path = tmp_path / f"{name}.log"
+    empty_broker(process_env(tmp_path)["CELERY_BROKER_URL"])
     with log_path.open("wb") as log:
         worker = subprocess.Popen(
             worker_command(name),

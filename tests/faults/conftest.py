@@ -181,12 +181,13 @@ def worker_process(tmp_path: Path, name: str, **env: str) -> Iterator[subprocess
     and broker (tests/experience/test_dream_e2e.py), logging to `{name}.log`; stopped at the
     end unless the test killed it."""
     log_path = tmp_path / f"{name}.log"
-    empty_broker(process_env(tmp_path)["CELERY_BROKER_URL"])
+    worker_env = {**process_env(tmp_path), **env}
+    empty_broker(worker_env["CELERY_BROKER_URL"])
     with log_path.open("wb") as log:
         worker = subprocess.Popen(
             worker_command(name),
             cwd=ROOT,
-            env={**process_env(tmp_path), **env},
+            env=worker_env,
             stdout=log,
             stderr=subprocess.STDOUT,
         )

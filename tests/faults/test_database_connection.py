@@ -86,11 +86,13 @@ def test_a_dropped_connection_fails_one_request_cleanly_and_the_next_one_works(a
 @pytest.mark.skipif(connection.vendor != "sqlite", reason="the SQLite equivalent")
 @pytest.mark.django_db(transaction=True)
 def test_a_locked_sqlite_database_fails_one_request_cleanly_and_the_next_one_works(
-    api_client, settings
+    api_client, monkeypatch
 ):
     # The service waits 20 s for the lock (settings.DATABASES); a short wait keeps this quick.
+    # The connection's OPTIONS is the very dict in settings.DATABASES, so the change is undone
+    # after the test: left in place, every later test on SQLite waited only 0.2 s for a lock.
     connection.close()
-    settings.DATABASES["default"]["OPTIONS"]["timeout"] = 0.2
+    monkeypatch.setitem(connection.settings_dict["OPTIONS"], "timeout", 0.2)
     holder = sqlite3.connect(connection.settings_dict["NAME"], isolation_level=None)
     try:
         holder.execute("BEGIN IMMEDIATE")  # another process writing, for longer than the wait

@@ -38,4 +38,6 @@ def run_writers_against_reader(
         thread.join()
     stop.set()
     watcher.join()
-    assert not errors, errors
+    if errors:
+        # Chained, so the report shows where the first failure was raised, not only its message.
+        raise AssertionError(f"{len(errors)} thread(s) failed: {errors}") from errors[0]

@@ -53,6 +53,31 @@ def _clear_cache():
     cache.clear()
 
 
+_OPTIONS = pytest.StashKey[dict]()  # each test's DB OPTIONS as it started
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_setup(item):
+    from django.db import connection
+
+    item.stash[_OPTIONS] = dict(connection.settings_dict["OPTIONS"])
+    return (yield)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_teardown(item, nextitem):
+    """Fail a test that leaves the DB OPTIONS changed. The connections read the very OPTIONS
+    dict of settings.DATABASES, which the `settings` fixture does not restore, so a change made
+    in place reaches every later test (a 0.2 s lock wait once made later SQLite tests flaky).
+    Checked once every fixture is torn down, monkeypatch's undo included."""
+    from django.db import connection
+
+    result = yield
+    if connection.settings_dict["OPTIONS"] != item.stash[_OPTIONS]:
+        raise AssertionError(f"{item.nodeid} left the DB OPTIONS changed; use monkeypatch")
+    return result
+
+
 def pytest_sessionfinish(session, exitstatus):
     # The test settings put the data folder in a fresh temporary directory; leave none behind.
     import shutil

@@ -69,7 +69,7 @@ def memory_search(
     min_importance: float | None = None,
     rerank: bool = False,
 ) -> list[MemoryHit]:
-    """Hybrid (dense + BM25, weighted RRF), dense or sparse search of one agent's memories."""
+    """Hybrid (dense + BM25, z-score fusion), dense or sparse search of one agent's memories."""
     reranker = get_reranker() if rerank else None
     now = timezone.now()
     embedder = get_embedder()

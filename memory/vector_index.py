@@ -18,7 +18,7 @@ import logging
 import threading
 import uuid
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -36,12 +36,13 @@ logger = logging.getLogger(__name__)
 
 REVISION = "memory"
 DENSE, SPARSE = "dense", "bm25"
-# Hybrid search: candidates per mode, then weighted RRF with a small k favouring BM25. Measured
-# on LoCoMo and SciFact (see bench/retrieval.py): the textbook k=60 over deep candidate lists
-# scores below BM25 alone, k=2 with BM25 weighted 2 beats each single mode on both.
+# Hybrid search pools each mode's top PREFETCH candidates, scores every pooled item by both
+# modes (an item sharing no term with the query scores 0 in BM25) and ranks by the sum of the
+# two modes' z-scores over the pool. Measured on LoCoMo and SciFact (bench/retrieval.py): rank
+# fusion (RRF), at every k and weighting tried, stays below SciFact's target, since ranks drop
+# how far apart the candidates' scores are; the textbook k=60 even scores below BM25 alone.
 PREFETCH = 50
-RRF_K = 2
-RRF_WEIGHTS = (1.0, 2.0)  # dense, bm25
+MODES = ("dense", "sparse")
 APPLY_CHUNK = 256
 # Qdrant's defaults for the per-agent HNSW graphs. Below the threshold (in KB of vectors, about
 # 6,600 of 384 floats) an agent's points are scored exactly, and a segment is indexed (graphs
@@ -79,6 +80,7 @@ class SearchFilter:
     created_after: float | None = None
     created_before: float | None = None
     min_importance: float | None = None
+    point_ids: tuple[uuid.UUID, ...] = ()  # only these points, when given
 
 
 @dataclass(frozen=True)
@@ -230,39 +232,18 @@ class EdgeEngine:
     def search(
         self, *, mode: str, dense: list[float], sparse: SparseVector, flt: SearchFilter, limit: int
     ) -> list[tuple[uuid.UUID, float]]:
-        from qdrant_edge import (
-            Fusion,
-            Prefetch,
-            QuantizationSearchParams,
-            Query,
-            QueryRequest,
-            SearchParams,
-        )
+        from qdrant_edge import QuantizationSearchParams, Query, QueryRequest, SearchParams
         from qdrant_edge import SparseVector as EdgeSparse
 
-        edge_filter = _edge_filter(flt)
-        dense_query = Query.Nearest(dense, using=DENSE)
-        sparse_query = Query.Nearest(EdgeSparse(sparse.indices, sparse.values), using=SPARSE)
-        rescored = SearchParams(quantization=QuantizationSearchParams(rescore=True))
-        if mode == "hybrid":
-            candidates = max(PREFETCH, limit)
-            request = QueryRequest(
-                limit=limit,
-                filter=edge_filter,
-                with_payload=False,
-                prefetches=[
-                    Prefetch(
-                        limit=candidates, query=dense_query, filter=edge_filter, params=rescored
-                    ),
-                    Prefetch(limit=candidates, query=sparse_query, filter=edge_filter),
-                ],
-                query=Fusion.Rrf(k=RRF_K, weights=list(RRF_WEIGHTS)),  # type: ignore[arg-type]
-            )
+        if mode == "dense":
+            query = Query.Nearest(dense, using=DENSE)
+            params = SearchParams(quantization=QuantizationSearchParams(rescore=True))
         else:
-            query, params = (dense_query, rescored) if mode == "dense" else (sparse_query, None)
-            request = QueryRequest(
-                limit=limit, filter=edge_filter, with_payload=False, query=query, params=params
-            )
+            query = Query.Nearest(EdgeSparse(sparse.indices, sparse.values), using=SPARSE)
+            params = None
+        request = QueryRequest(
+            limit=limit, filter=_edge_filter(flt), with_payload=False, query=query, params=params
+        )
         return [
             (uuid.UUID(str(hit.id)), float(hit.score)) for hit in self._need_shard().query(request)
         ]
@@ -294,9 +275,11 @@ class EdgeEngine:
 
 
 def _edge_filter(flt: SearchFilter) -> Any:
-    from qdrant_edge import FieldCondition, Filter, MatchAny, MatchValue, RangeFloat
+    from qdrant_edge import FieldCondition, Filter, HasIdCondition, MatchAny, MatchValue, RangeFloat
 
     must: list[Any] = [FieldCondition("agent_id", match=MatchValue(flt.agent_id))]
+    if flt.point_ids:
+        must.append(HasIdCondition({str(pk) for pk in flt.point_ids}))
     if flt.kinds:
         must.append(FieldCondition("kind", match=MatchAny(flt.kinds)))
     if flt.tags:
@@ -395,41 +378,21 @@ class ServerEngine:
     ) -> list[tuple[uuid.UUID, float]]:
         from qdrant_client import models
 
-        server_filter = _server_filter(flt)
-        sparse_vector = models.SparseVector(indices=sparse.indices, values=sparse.values)
-        rescored = models.SearchParams(quantization=models.QuantizationSearchParams(rescore=True))
-        if mode == "hybrid":
-            hits = self._client.query_points(
-                self._collection,
-                limit=limit,
-                query_filter=server_filter,
-                prefetch=[
-                    models.Prefetch(
-                        query=dense,
-                        using=DENSE,
-                        limit=max(PREFETCH, limit),
-                        filter=server_filter,
-                        params=rescored,
-                    ),
-                    models.Prefetch(
-                        query=sparse_vector,
-                        using=SPARSE,
-                        limit=max(PREFETCH, limit),
-                        filter=server_filter,
-                    ),
-                ],
-                query=models.RrfQuery(rrf=models.Rrf(k=RRF_K, weights=list(RRF_WEIGHTS))),
-            ).points
-        else:
-            dense_mode = mode == "dense"
-            hits = self._client.query_points(
-                self._collection,
-                query=dense if dense_mode else sparse_vector,
-                using=DENSE if dense_mode else SPARSE,
-                limit=limit,
-                query_filter=server_filter,
-                search_params=rescored if dense_mode else None,
-            ).points
+        dense_mode = mode == "dense"
+        hits = self._client.query_points(
+            self._collection,
+            query=dense
+            if dense_mode
+            else models.SparseVector(indices=sparse.indices, values=sparse.values),
+            using=DENSE if dense_mode else SPARSE,
+            limit=limit,
+            query_filter=_server_filter(flt),
+            search_params=(
+                models.SearchParams(quantization=models.QuantizationSearchParams(rescore=True))
+                if dense_mode
+                else None
+            ),
+        ).points
         return [(uuid.UUID(str(hit.id)), float(hit.score)) for hit in hits]
 
     def load_state(self) -> dict[str, Any]:
@@ -450,6 +413,8 @@ def _server_filter(flt: SearchFilter) -> Any:
     must: list[Any] = [
         models.FieldCondition(key="agent_id", match=models.MatchValue(value=flt.agent_id))
     ]
+    if flt.point_ids:
+        must.append(models.HasIdCondition(has_id=[str(pk) for pk in flt.point_ids]))
     if flt.kinds:
         must.append(models.FieldCondition(key="kind", match=models.MatchAny(any=flt.kinds)))
     if flt.tags:
@@ -551,6 +516,8 @@ class VectorIndex:
         with self._lock:
             try:
                 self._catch_up()
+                if mode == "hybrid":
+                    return self._hybrid_search(dense=dense, sparse=sparse, flt=flt, limit=limit)
                 return self.engine.search(
                     mode=mode, dense=dense, sparse=sparse, flt=flt, limit=limit
                 )
@@ -562,8 +529,42 @@ class VectorIndex:
                     "until it is back. Stores are still accepted and indexed when it returns."
                 ) from exc
 
+    def _hybrid_search(
+        self, *, dense: list[float], sparse: SparseVector, flt: SearchFilter, limit: int
+    ) -> list[tuple[uuid.UUID, float]]:
+        """Each mode's candidates, pooled; then each mode scores the pooled items it has not
+        scored yet, so that every item is fused on both scores."""
+
+        def search(mode: str, flt: SearchFilter, limit: int) -> list[tuple[uuid.UUID, float]]:
+            return self.engine.search(mode=mode, dense=dense, sparse=sparse, flt=flt, limit=limit)
+
+        scores = [dict(search(mode, flt, max(PREFETCH, limit))) for mode in MODES]
+        pool = set().union(*scores)
+        for mode, scored in zip(MODES, scores, strict=True):
+            unscored = tuple(pool - scored.keys())
+            if unscored:
+                scored.update(search(mode, replace(flt, point_ids=unscored), len(unscored)))
+        return fuse_z_scores(pool, scores)[:limit]
+
     def close(self) -> None:
         self.engine.close()
+
+
+def fuse_z_scores(
+    pool: set[uuid.UUID], scores: list[dict[uuid.UUID, float]]
+) -> list[tuple[uuid.UUID, float]]:
+    """Rank `pool` by the sum over modes of each item's z-score among the pool; an item a mode
+    did not score (BM25: no query term) scores 0 there. A mode whose scores are all equal
+    tells nothing and adds 0."""
+    ids = sorted(pool)  # a fixed order, so that ties break the same way every time
+    fused = np.zeros(len(ids))
+    for scored in scores:
+        values = np.array([scored.get(pk, 0.0) for pk in ids])
+        spread = values.std()
+        if spread > 0:
+            fused += (values - values.mean()) / spread
+    order = np.argsort(-fused, kind="stable")
+    return [(ids[i], float(fused[i])) for i in order]
 
 
 def _chunks(rows: Iterable[tuple[Any, ...]], size: int) -> Iterable[list[tuple[Any, ...]]]:

@@ -170,3 +170,66 @@ def test_importing_views_and_tasks_loads_no_model():
     )
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "[]"
+
+
+def test_z_score_fusion_ranks_by_both_modes_and_ignores_a_flat_one():
+    from uuid import uuid4
+
+    from memory.vector_index import fuse_z_scores
+
+    a, b, c = uuid4(), uuid4(), uuid4()
+    # c is BM25's best by far but dense's worst; a is good in both.
+    dense = {a: 0.52, b: 0.50, c: 0.30}
+    bm25 = {a: 1.0, c: 9.0}  # b shares no term with the query: 0
+    fused = fuse_z_scores({a, b, c}, [dense, bm25])
+    # By hand: dense mean 0.44, std 0.0993; BM25 mean 3.333, std 4.028.
+    by_hand = {
+        a: (0.52 - 0.44) / 0.09933 + (1 - 10 / 3) / 4.0277,  # 0.806 - 0.579
+        b: (0.50 - 0.44) / 0.09933 + (0 - 10 / 3) / 4.0277,  # 0.604 - 0.828
+        c: (0.30 - 0.44) / 0.09933 + (9 - 10 / 3) / 4.0277,  # -1.409 + 1.407
+    }
+    assert [pk for pk, _ in fused] == [a, c, b]
+    assert dict(fused) == pytest.approx(by_hand, abs=1e-3)
+    # A mode with one score for all (here BM25 found nothing) leaves dense's order as it is.
+    assert [pk for pk, _ in fuse_z_scores({a, b, c}, [dense, {}])] == [a, b, c]
+
+
+@pytest.mark.django_db
+@pytest.mark.usefixtures("vector_engine")
+def test_hybrid_search_fuses_both_scores_of_every_candidate(settings, monkeypatch):
+    """With 2 candidates per mode, most pooled items were found by one mode only; each must be
+    fused with its real score in the other mode, not with a missing one."""
+    from memory.embeddings import get_embedder
+    from memory.vector_index import SearchFilter, fuse_z_scores
+
+    settings.MEMORY_NEAR_DUPLICATE = 1.01  # keep every text
+    monkeypatch.setattr(vector_index, "PREFETCH", 2)
+    texts = [
+        "the quarterly report on red apples",
+        "red apples grow in the orchard",
+        "an orchard harvest of fruit in autumn",
+        "fruit picking season began early",
+        "the quarterly budget meeting",
+        "notes on the weather",
+    ]
+    memory_store_many(items=[{"agent_id": "a", "content": text} for text in texts])
+    embedder = get_embedder()
+    query = "red fruit harvest report"
+    call = {
+        "dense": embedder.embed_query(query).tolist(),
+        "sparse": embedder.sparse_query(query),
+        "flt": SearchFilter(agent_id="a", now=0.0),
+    }
+    index = get_vector_index()
+    every = [dict(index.search(mode=mode, limit=100, **call)) for mode in ("dense", "sparse")]
+    top_two = [set(list(scores)[:2]) for scores in every]
+    pool = top_two[0] | top_two[1]
+    assert len(pool) > 2  # the modes disagree, so some items were found by one mode only
+    expected = fuse_z_scores(pool, [{pk: s[pk] for pk in pool if pk in s} for s in every])
+
+    hits = index.search(mode="hybrid", limit=2, **call)
+
+    # The fused scores depend on every pooled item's two scores, through the pool's mean and
+    # spread: had one been missing, none would match.
+    assert [pk for pk, _ in hits] == [pk for pk, _ in expected[:2]]
+    assert [score for _, score in hits] == pytest.approx([score for _, score in expected[:2]])

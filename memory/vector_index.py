@@ -17,7 +17,7 @@ import json
 import logging
 import threading
 import uuid
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Protocol
@@ -42,7 +42,7 @@ DENSE, SPARSE = "dense", "bm25"
 # fusion (RRF), at every k and weighting tried, stays below SciFact's target, since ranks drop
 # how far apart the candidates' scores are; the textbook k=60 even scores below BM25 alone.
 PREFETCH = 50
-MODES = ("dense", "sparse")
+MODES = ("dense", "sparse")  # what hybrid search fuses
 APPLY_CHUNK = 256
 # Qdrant's defaults for the per-agent HNSW graphs. Below the threshold (in KB of vectors, about
 # 6,600 of 384 floats) an agent's points are scored exactly, and a segment is indexed (graphs
@@ -98,6 +98,9 @@ class Engine(Protocol):
     def optimize(self) -> None: ...
     def search(
         self, *, mode: str, dense: list[float], sparse: SparseVector, flt: SearchFilter, limit: int
+    ) -> list[tuple[uuid.UUID, float]]: ...
+    def dense_scored_pool(
+        self, *, dense: list[float], sparse: SparseVector, flt: SearchFilter, depth: int
     ) -> list[tuple[uuid.UUID, float]]: ...
     def load_state(self) -> dict[str, Any]: ...
     def save_state(self, state: dict[str, Any]) -> None: ...
@@ -232,18 +235,38 @@ class EdgeEngine:
     def search(
         self, *, mode: str, dense: list[float], sparse: SparseVector, flt: SearchFilter, limit: int
     ) -> list[tuple[uuid.UUID, float]]:
-        from qdrant_edge import QuantizationSearchParams, Query, QueryRequest, SearchParams
-        from qdrant_edge import SparseVector as EdgeSparse
+        from qdrant_edge import QueryRequest
 
-        if mode == "dense":
-            query = Query.Nearest(dense, using=DENSE)
-            params = SearchParams(quantization=QuantizationSearchParams(rescore=True))
-        else:
-            query = Query.Nearest(EdgeSparse(sparse.indices, sparse.values), using=SPARSE)
-            params = None
+        query, params = _edge_query(mode, dense, sparse)
         request = QueryRequest(
             limit=limit, filter=_edge_filter(flt), with_payload=False, query=query, params=params
         )
+        return self._hits(request)
+
+    def dense_scored_pool(
+        self, *, dense: list[float], sparse: SparseVector, flt: SearchFilter, depth: int
+    ) -> list[tuple[uuid.UUID, float]]:
+        """Each mode's top `depth` hits, pooled, each with its dense score: one query."""
+        from qdrant_edge import Prefetch, QueryRequest
+
+        edge_filter = _edge_filter(flt)
+        prefetches = [
+            Prefetch(limit=depth, query=query, filter=edge_filter, params=params)
+            for query, params in (_edge_query(mode, dense, sparse) for mode in MODES)
+        ]
+        query, params = _edge_query("dense", dense, sparse)
+        return self._hits(
+            QueryRequest(
+                limit=len(MODES) * depth,
+                filter=edge_filter,
+                with_payload=False,
+                prefetches=prefetches,
+                query=query,
+                params=params,
+            )
+        )
+
+    def _hits(self, request: Any) -> list[tuple[uuid.UUID, float]]:
         return [
             (uuid.UUID(str(hit.id)), float(hit.score)) for hit in self._need_shard().query(request)
         ]
@@ -272,6 +295,17 @@ class EdgeEngine:
         """Close the shard and give its folder back for the next process."""
         self._close_shard()
         self._lock_file.close()
+
+
+def _edge_query(mode: str, dense: list[float], sparse: SparseVector) -> tuple[Any, Any]:
+    """One mode's query and search params; dense hits are rescored with the float vectors."""
+    from qdrant_edge import QuantizationSearchParams, Query, SearchParams
+    from qdrant_edge import SparseVector as EdgeSparse
+
+    if mode == "dense":
+        rescored = SearchParams(quantization=QuantizationSearchParams(rescore=True))
+        return Query.Nearest(dense, using=DENSE), rescored
+    return Query.Nearest(EdgeSparse(sparse.indices, sparse.values), using=SPARSE), None
 
 
 def _edge_filter(flt: SearchFilter) -> Any:
@@ -376,22 +410,39 @@ class ServerEngine:
     def search(
         self, *, mode: str, dense: list[float], sparse: SparseVector, flt: SearchFilter, limit: int
     ) -> list[tuple[uuid.UUID, float]]:
-        from qdrant_client import models
-
-        dense_mode = mode == "dense"
+        query, using, params = _server_query(mode, dense, sparse)
         hits = self._client.query_points(
             self._collection,
-            query=dense
-            if dense_mode
-            else models.SparseVector(indices=sparse.indices, values=sparse.values),
-            using=DENSE if dense_mode else SPARSE,
+            query=query,
+            using=using,
             limit=limit,
             query_filter=_server_filter(flt),
-            search_params=(
-                models.SearchParams(quantization=models.QuantizationSearchParams(rescore=True))
-                if dense_mode
-                else None
-            ),
+            search_params=params,
+        ).points
+        return [(uuid.UUID(str(hit.id)), float(hit.score)) for hit in hits]
+
+    def dense_scored_pool(
+        self, *, dense: list[float], sparse: SparseVector, flt: SearchFilter, depth: int
+    ) -> list[tuple[uuid.UUID, float]]:
+        """Each mode's top `depth` hits, pooled, each with its dense score: one request."""
+        from qdrant_client import models
+
+        server_filter = _server_filter(flt)
+        prefetch = [
+            models.Prefetch(
+                query=query, using=using, params=params, filter=server_filter, limit=depth
+            )
+            for query, using, params in (_server_query(mode, dense, sparse) for mode in MODES)
+        ]
+        query, using, params = _server_query("dense", dense, sparse)
+        hits = self._client.query_points(
+            self._collection,
+            prefetch=prefetch,
+            query=query,
+            using=using,
+            limit=len(MODES) * depth,
+            query_filter=server_filter,
+            search_params=params,
         ).points
         return [(uuid.UUID(str(hit.id)), float(hit.score)) for hit in hits]
 
@@ -405,6 +456,17 @@ class ServerEngine:
 
     def close(self) -> None:
         self._client.close()
+
+
+def _server_query(mode: str, dense: list[float], sparse: SparseVector) -> tuple[Any, str, Any]:
+    """One mode's query, vector name and search params; dense hits are rescored with the float
+    vectors."""
+    from qdrant_client import models
+
+    if mode == "dense":
+        rescored = models.SearchParams(quantization=models.QuantizationSearchParams(rescore=True))
+        return dense, DENSE, rescored
+    return models.SparseVector(indices=sparse.indices, values=sparse.values), SPARSE, None
 
 
 def _server_filter(flt: SearchFilter) -> Any:
@@ -532,39 +594,44 @@ class VectorIndex:
     def _hybrid_search(
         self, *, dense: list[float], sparse: SparseVector, flt: SearchFilter, limit: int
     ) -> list[tuple[uuid.UUID, float]]:
-        """Each mode's candidates, pooled; then each mode scores the pooled items it has not
-        scored yet, so that every item is fused on both scores."""
-
-        def search(mode: str, flt: SearchFilter, limit: int) -> list[tuple[uuid.UUID, float]]:
-            return self.engine.search(mode=mode, dense=dense, sparse=sparse, flt=flt, limit=limit)
-
-        scores = [dict(search(mode, flt, max(PREFETCH, limit))) for mode in MODES]
-        pool = set().union(*scores)
-        for mode, scored in zip(MODES, scores, strict=True):
-            unscored = tuple(pool - scored.keys())
-            if unscored:
-                scored.update(search(mode, replace(flt, point_ids=unscored), len(unscored)))
-        return fuse_z_scores(pool, scores)[:limit]
+        """Two engine calls: the pool with its dense scores, then the BM25 scores of the pool."""
+        dense_scores = dict(
+            self.engine.dense_scored_pool(
+                dense=dense, sparse=sparse, flt=flt, depth=max(PREFETCH, limit)
+            )
+        )
+        pool = tuple(dense_scores)
+        bm25_scores = dict(
+            self.engine.search(
+                mode="sparse",
+                dense=dense,
+                sparse=sparse,
+                flt=replace(flt, point_ids=pool),
+                limit=len(pool),
+            )
+            if pool
+            else []
+        )
+        return fuse_z_scores(pool, [dense_scores, bm25_scores])[:limit]
 
     def close(self) -> None:
         self.engine.close()
 
 
 def fuse_z_scores(
-    pool: set[uuid.UUID], scores: list[dict[uuid.UUID, float]]
+    pool: Sequence[uuid.UUID], scores: Sequence[dict[uuid.UUID, float]]
 ) -> list[tuple[uuid.UUID, float]]:
     """Rank `pool` by the sum over modes of each item's z-score among the pool; an item a mode
     did not score (BM25: no query term) scores 0 there. A mode whose scores are all equal
-    tells nothing and adds 0."""
-    ids = sorted(pool)  # a fixed order, so that ties break the same way every time
-    fused = np.zeros(len(ids))
+    tells nothing and adds 0. Ties keep the pool's order."""
+    fused = np.zeros(len(pool))
     for scored in scores:
-        values = np.array([scored.get(pk, 0.0) for pk in ids])
+        values = np.array([scored.get(pk, 0.0) for pk in pool])
         spread = values.std()
         if spread > 0:
             fused += (values - values.mean()) / spread
     order = np.argsort(-fused, kind="stable")
-    return [(ids[i], float(fused[i])) for i in order]
+    return [(pool[i], float(fused[i])) for i in order]
 
 
 def _chunks(rows: Iterable[tuple[Any, ...]], size: int) -> Iterable[list[tuple[Any, ...]]]:

@@ -181,7 +181,7 @@ def test_z_score_fusion_ranks_by_both_modes_and_ignores_a_flat_one():
     # c is BM25's best by far but dense's worst; a is good in both.
     dense = {a: 0.52, b: 0.50, c: 0.30}
     bm25 = {a: 1.0, c: 9.0}  # b shares no term with the query: 0
-    fused = fuse_z_scores({a, b, c}, [dense, bm25])
+    fused = fuse_z_scores([a, b, c], [dense, bm25])
     # By hand: dense mean 0.44, std 0.0993; BM25 mean 3.333, std 4.028.
     by_hand = {
         a: (0.52 - 0.44) / 0.09933 + (1 - 10 / 3) / 4.0277,  # 0.806 - 0.579
@@ -191,24 +191,28 @@ def test_z_score_fusion_ranks_by_both_modes_and_ignores_a_flat_one():
     assert [pk for pk, _ in fused] == [a, c, b]
     assert dict(fused) == pytest.approx(by_hand, abs=1e-3)
     # A mode with one score for all (here BM25 found nothing) leaves dense's order as it is.
-    assert [pk for pk, _ in fuse_z_scores({a, b, c}, [dense, {}])] == [a, b, c]
+    assert [pk for pk, _ in fuse_z_scores([a, b, c], [dense, {}])] == [a, b, c]
+    assert [pk for pk, _ in fuse_z_scores([b, a], [{a: 1.0, b: 1.0}])] == [b, a]  # a tie
 
 
 @pytest.mark.django_db
 @pytest.mark.usefixtures("vector_engine")
 def test_hybrid_search_fuses_both_scores_of_every_candidate(settings, monkeypatch):
-    """With 2 candidates per mode, most pooled items were found by one mode only; each must be
+    """With 3 candidates per mode, some pooled items were ranked by one mode only; each must be
     fused with its real score in the other mode, not with a missing one."""
     from memory.embeddings import get_embedder
     from memory.vector_index import SearchFilter, fuse_z_scores
 
     settings.MEMORY_NEAR_DUPLICATE = 1.01  # keep every text
-    monkeypatch.setattr(vector_index, "PREFETCH", 2)
+    monkeypatch.setattr(vector_index, "PREFETCH", 3)
     texts = [
+        "a report on the harvest of red fruit",
         "the quarterly report on red apples",
         "red apples grow in the orchard",
         "an orchard harvest of fruit in autumn",
         "fruit picking season began early",
+        "crimson berries ripened in the sun",
+        "the annual crop yield summary",
         "the quarterly budget meeting",
         "notes on the weather",
     ]
@@ -221,15 +225,16 @@ def test_hybrid_search_fuses_both_scores_of_every_candidate(settings, monkeypatc
         "flt": SearchFilter(agent_id="a", now=0.0),
     }
     index = get_vector_index()
-    every = [dict(index.search(mode=mode, limit=100, **call)) for mode in ("dense", "sparse")]
-    top_two = [set(list(scores)[:2]) for scores in every]
-    pool = top_two[0] | top_two[1]
-    assert len(pool) > 2  # the modes disagree, so some items were found by one mode only
-    expected = fuse_z_scores(pool, [{pk: s[pk] for pk in pool if pk in s} for s in every])
+    dense, bm25 = (dict(index.search(mode=mode, limit=100, **call)) for mode in ("dense", "sparse"))
+    top_dense, top_bm25 = set(list(dense)[:3]), set(list(bm25)[:3])
+    pool = list(top_dense | top_bm25)
+    # The case to prove: a pooled item BM25 scores but did not rank among its top 3, and enough
+    # distinct BM25 scores that losing it would move the pool's mean and spread.
+    assert any(bm25.get(pk, 0) > 0 for pk in top_dense - top_bm25)
+    assert len({bm25.get(pk, 0) for pk in pool}) >= 3
+    expected = fuse_z_scores(pool, [dense, bm25])
 
-    hits = index.search(mode="hybrid", limit=2, **call)
+    hits = index.search(mode="hybrid", limit=3, **call)
 
-    # The fused scores depend on every pooled item's two scores, through the pool's mean and
-    # spread: had one been missing, none would match.
-    assert [pk for pk, _ in hits] == [pk for pk, _ in expected[:2]]
-    assert [score for _, score in hits] == pytest.approx([score for _, score in expected[:2]])
+    assert [pk for pk, _ in hits] == [pk for pk, _ in expected[:3]]
+    assert [score for _, score in hits] == pytest.approx([score for _, score in expected[:3]])

@@ -238,3 +238,28 @@ def test_hybrid_search_fuses_both_scores_of_every_candidate(settings, monkeypatc
 
     assert [pk for pk, _ in hits] == [pk for pk, _ in expected[:3]]
     assert [score for _, score in hits] == pytest.approx([score for _, score in expected[:3]])
+
+
+@pytest.mark.django_db
+@pytest.mark.usefixtures("vector_engine")
+def test_a_query_of_stopwords_only_is_ranked_by_dense_alone(settings):
+    """BM25 drops stopwords, so such a query has no BM25 terms and adds nothing to the fusion."""
+    from memory.embeddings import get_embedder
+    from memory.vector_index import SearchFilter
+
+    settings.MEMORY_NEAR_DUPLICATE = 1.01
+    texts = ["where is the meeting", "what was said at the meeting", "lunch was late", "it rained"]
+    memory_store_many(items=[{"agent_id": "a", "content": text} for text in texts])
+    embedder = get_embedder()
+    query = "where was it"
+    assert embedder.sparse_query(query).indices == []
+    call = {
+        "dense": embedder.embed_query(query).tolist(),
+        "sparse": embedder.sparse_query(query),
+        "flt": SearchFilter(agent_id="a", now=0.0),
+        "limit": 10,
+    }
+    index = get_vector_index()
+    dense = [pk for pk, _ in index.search(mode="dense", **call)]
+    assert [pk for pk, _ in index.search(mode="hybrid", **call)] == dense
+    assert len(dense) == len(texts)

@@ -106,7 +106,13 @@ class MemorySearchSerializer(serializers.Serializer):
 
 
 class MemoryHitSerializer(serializers.Serializer):
-    score = serializers.FloatField()
+    score = serializers.FloatField(
+        help_text=(
+            "Higher ranks first. hybrid: the sum of the dense and BM25 z-scores among the "
+            "candidates (can be negative); dense: cosine similarity; sparse: BM25; with "
+            "rerank: the cross-encoder's score."
+        )
+    )
     item = MemoryOutSerializer()
 
 

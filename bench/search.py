@@ -295,6 +295,32 @@ def part_store(args: argparse.Namespace) -> None:
         f"{in_index:,} items; each call embeds, checks duplicates, commits and indexes\n"
     )
     _print_table(("store", "items", "items/s", "ms/item", "merged as duplicates"), rows)
+    print_embedding_order([item["content"] for item in batched])
+
+
+def print_embedding_order(texts: list[str]) -> None:
+    """Embedding alone, `texts` in batches of STORE_BATCH: embed_documents (texts of like
+    length batched together) beside the model fed in the order given; best of two rounds."""
+    from memory.embeddings import DOCUMENT_BATCH, get_embedder
+
+    embedder = get_embedder()
+    ways: dict[str, Callable[[list[str]], object]] = {
+        "embed_documents (by length)": embedder.embed_documents,
+        # The fastembed model itself, as embed_documents fed it before it sorted by length.
+        "in the order given": lambda batch: list(
+            embedder._dense.embed(batch, batch_size=DOCUMENT_BATCH)
+        ),
+    }
+    best = dict.fromkeys(ways, float("inf"))
+    for _ in range(2):
+        for label, embed in ways.items():
+            start = time.perf_counter()
+            for offset in range(0, len(texts), STORE_BATCH):
+                embed(texts[offset : offset + STORE_BATCH])
+            best[label] = min(best[label], time.perf_counter() - start)
+    print(f"\nembedding alone, the {len(texts):,} texts above, in batches of {STORE_BATCH}:")
+    for label, seconds in best.items():
+        print(f"- {label}: {len(texts) / seconds:.1f} texts/s")
 
 
 PARTS: dict[str, Callable[[argparse.Namespace], None]] = {

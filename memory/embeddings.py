@@ -114,7 +114,13 @@ class Embedder:
     def embed_documents(self, texts: list[str]) -> FloatMatrix:
         if not texts:
             return np.zeros((0, self.dim), dtype=np.float32)
-        vectors = np.stack(list(self._dense.embed(texts, batch_size=DOCUMENT_BATCH)))
+        # fastembed pads each batch to its longest text, so texts of like length are batched
+        # together: the same vectors, much faster on a mix of short and long texts (measured by
+        # bench/search.py's store part).
+        by_length = np.argsort([len(text) for text in texts], kind="stable")
+        embedded = self._dense.embed([texts[i] for i in by_length], batch_size=DOCUMENT_BATCH)
+        vectors = np.empty((len(texts), self.dim), dtype=np.float32)
+        vectors[by_length] = np.stack(list(embedded))
         return _normalised(vectors)
 
     @traced(

@@ -214,7 +214,7 @@ def part_latency(args: argparse.Namespace) -> None:
                     f"{p50:.1f}",
                     f"{p95:.1f}",
                     f"{index_p50:.1f} / {index_p95:.1f}",
-                    " / ".join(f"{p50:.1f}" for p50 in single_p50),
+                    " / ".join(f"{ms:.1f}" for ms in single_p50),
                     str(fewest),
                     target,
                     met,

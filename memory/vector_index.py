@@ -241,7 +241,7 @@ class EdgeEngine:
         request = QueryRequest(
             limit=limit, filter=_edge_filter(flt), with_payload=False, query=query, params=params
         )
-        return self._hits(request)
+        return _id_scores(self._need_shard().query(request))
 
     def dense_scored_pool(
         self, *, dense: list[float], sparse: SparseVector, flt: SearchFilter, depth: int
@@ -250,26 +250,20 @@ class EdgeEngine:
         from qdrant_edge import Prefetch, QueryRequest
 
         edge_filter = _edge_filter(flt)
-        prefetches = [
-            Prefetch(limit=depth, query=query, filter=edge_filter, params=params)
-            for query, params in (_edge_query(mode, dense, sparse) for mode in MODES)
-        ]
-        query, params = _edge_query("dense", dense, sparse)
-        return self._hits(
-            QueryRequest(
-                limit=len(MODES) * depth,
-                filter=edge_filter,
-                with_payload=False,
-                prefetches=prefetches,
-                query=query,
-                params=params,
-            )
+        queries = {mode: _edge_query(mode, dense, sparse) for mode in MODES}
+        query, params = queries["dense"]
+        request = QueryRequest(
+            limit=len(MODES) * depth,
+            filter=edge_filter,
+            with_payload=False,
+            prefetches=[
+                Prefetch(limit=depth, query=each, filter=edge_filter, params=each_params)
+                for each, each_params in queries.values()
+            ],
+            query=query,
+            params=params,
         )
-
-    def _hits(self, request: Any) -> list[tuple[uuid.UUID, float]]:
-        return [
-            (uuid.UUID(str(hit.id)), float(hit.score)) for hit in self._need_shard().query(request)
-        ]
+        return _id_scores(self._need_shard().query(request))
 
     def load_state(self) -> dict[str, Any]:
         # Read once: this process alone writes the folder it holds (every search asks).
@@ -295,6 +289,11 @@ class EdgeEngine:
         """Close the shard and give its folder back for the next process."""
         self._close_shard()
         self._lock_file.close()
+
+
+def _id_scores(hits: Iterable[Any]) -> list[tuple[uuid.UUID, float]]:
+    """(point id, score) of each hit, as either engine answers them."""
+    return [(uuid.UUID(str(hit.id)), float(hit.score)) for hit in hits]
 
 
 def _edge_query(mode: str, dense: list[float], sparse: SparseVector) -> tuple[Any, Any]:
@@ -419,7 +418,7 @@ class ServerEngine:
             query_filter=_server_filter(flt),
             search_params=params,
         ).points
-        return [(uuid.UUID(str(hit.id)), float(hit.score)) for hit in hits]
+        return _id_scores(hits)
 
     def dense_scored_pool(
         self, *, dense: list[float], sparse: SparseVector, flt: SearchFilter, depth: int
@@ -428,23 +427,27 @@ class ServerEngine:
         from qdrant_client import models
 
         server_filter = _server_filter(flt)
-        prefetch = [
-            models.Prefetch(
-                query=query, using=using, params=params, filter=server_filter, limit=depth
-            )
-            for query, using, params in (_server_query(mode, dense, sparse) for mode in MODES)
-        ]
-        query, using, params = _server_query("dense", dense, sparse)
+        queries = {mode: _server_query(mode, dense, sparse) for mode in MODES}
+        query, using, params = queries["dense"]
         hits = self._client.query_points(
             self._collection,
-            prefetch=prefetch,
+            prefetch=[
+                models.Prefetch(
+                    query=each,
+                    using=each_using,
+                    params=each_params,
+                    filter=server_filter,
+                    limit=depth,
+                )
+                for each, each_using, each_params in queries.values()
+            ],
             query=query,
             using=using,
             limit=len(MODES) * depth,
             query_filter=server_filter,
             search_params=params,
         ).points
-        return [(uuid.UUID(str(hit.id)), float(hit.score)) for hit in hits]
+        return _id_scores(hits)
 
     def load_state(self) -> dict[str, Any]:
         if not self._client.collection_exists(self._collection):

@@ -1,6 +1,7 @@
 import subprocess
 import sys
 from functools import partial
+from typing import Any
 
 import numpy as np
 import pytest
@@ -10,6 +11,19 @@ from memory.models import MemoryItem
 from memory.services import memory_delete_many, memory_store_many, reset_model_check
 from memory.vector_index import EdgeEngine, ServerEngine, VectorIndex, get_vector_index
 from tests.concurrency import run_writers_against_reader
+
+
+def query_args(query: str, agent: str = "a") -> dict[str, Any]:
+    """An index search's query: `query` embedded both ways, filtered to `agent`."""
+    from memory.embeddings import get_embedder
+    from memory.vector_index import SearchFilter
+
+    embedder = get_embedder()
+    return {
+        "dense": embedder.embed_query(query).tolist(),
+        "sparse": embedder.sparse_query(query),
+        "flt": SearchFilter(agent_id=agent, now=0.0),
+    }
 
 
 def indexed_ids(index: VectorIndex, agent: str, query: str = "memory") -> set[str]:
@@ -101,9 +115,6 @@ def test_an_edge_shard_survives_a_restart_and_two_processes_never_share_one(sett
 def test_dense_scores_stay_exact_once_the_index_holds_int8_copies(settings, tmp_path, monkeypatch):
     """An indexed qdrant-edge segment scores int8 copies of the vectors; without rescoring the
     hits would carry scores about 1e-3 off (qdrant does not rescore by default)."""
-    from memory.embeddings import get_embedder
-    from memory.vector_index import SearchFilter
-
     settings.DATA_DIR = tmp_path
     settings.MEMORY_NEAR_DUPLICATE = 1.01  # keep every text: they are much alike
     monkeypatch.setattr(vector_index, "HNSW_FULL_SCAN_KB", 1)  # index from the first KB on
@@ -115,21 +126,15 @@ def test_dense_scores_stay_exact_once_the_index_holds_int8_copies(settings, tmp_
     # Both vectors of every point (dense and BM25) sit in indexed segments.
     assert shard.points_count == len(texts) and shard.indexed_vectors_count == 2 * len(texts)
 
-    query = get_embedder().embed_query("the blue report")
-    hits = index.search(
-        mode="dense",
-        dense=query.tolist(),
-        sparse=get_embedder().sparse_query("the blue report"),
-        flt=SearchFilter(agent_id="a", now=0.0),
-        limit=10,
-    )
+    call = query_args("the blue report")
+    hits = index.search(mode="dense", limit=10, **call)
     stored = {
         item.pk: np.frombuffer(bytes(item.embedding), dtype=np.float32)
         for item in MemoryItem.objects.all()
     }
     assert len(hits) == 10
     for pk, score in hits:
-        assert score == pytest.approx(float(stored[pk] @ query), abs=1e-5)
+        assert score == pytest.approx(float(stored[pk] @ np.array(call["dense"])), abs=1e-5)
     index.close()
 
 
@@ -200,8 +205,7 @@ def test_z_score_fusion_ranks_by_both_modes_and_ignores_a_flat_one():
 def test_hybrid_search_fuses_both_scores_of_every_candidate(settings, monkeypatch):
     """With 3 candidates per mode, some pooled items were ranked by one mode only; each must be
     fused with its real score in the other mode, not with a missing one."""
-    from memory.embeddings import get_embedder
-    from memory.vector_index import SearchFilter, fuse_z_scores
+    from memory.vector_index import fuse_z_scores
 
     settings.MEMORY_NEAR_DUPLICATE = 1.01  # keep every text
     monkeypatch.setattr(vector_index, "PREFETCH", 3)
@@ -217,13 +221,7 @@ def test_hybrid_search_fuses_both_scores_of_every_candidate(settings, monkeypatc
         "notes on the weather",
     ]
     memory_store_many(items=[{"agent_id": "a", "content": text} for text in texts])
-    embedder = get_embedder()
-    query = "red fruit harvest report"
-    call = {
-        "dense": embedder.embed_query(query).tolist(),
-        "sparse": embedder.sparse_query(query),
-        "flt": SearchFilter(agent_id="a", now=0.0),
-    }
+    call = query_args("red fruit harvest report")
     index = get_vector_index()
     dense, bm25 = (dict(index.search(mode=mode, limit=100, **call)) for mode in ("dense", "sparse"))
     top_dense, top_bm25 = set(list(dense)[:3]), set(list(bm25)[:3])
@@ -244,22 +242,12 @@ def test_hybrid_search_fuses_both_scores_of_every_candidate(settings, monkeypatc
 @pytest.mark.usefixtures("vector_engine")
 def test_a_query_of_stopwords_only_is_ranked_by_dense_alone(settings):
     """BM25 drops stopwords, so such a query has no BM25 terms and adds nothing to the fusion."""
-    from memory.embeddings import get_embedder
-    from memory.vector_index import SearchFilter
-
     settings.MEMORY_NEAR_DUPLICATE = 1.01
     texts = ["where is the meeting", "what was said at the meeting", "lunch was late", "it rained"]
     memory_store_many(items=[{"agent_id": "a", "content": text} for text in texts])
-    embedder = get_embedder()
-    query = "where was it"
-    assert embedder.sparse_query(query).indices == []
-    call = {
-        "dense": embedder.embed_query(query).tolist(),
-        "sparse": embedder.sparse_query(query),
-        "flt": SearchFilter(agent_id="a", now=0.0),
-        "limit": 10,
-    }
+    call = query_args("where was it")
+    assert call["sparse"].indices == []
     index = get_vector_index()
-    dense = [pk for pk, _ in index.search(mode="dense", **call)]
-    assert [pk for pk, _ in index.search(mode="hybrid", **call)] == dense
+    dense = [pk for pk, _ in index.search(mode="dense", limit=10, **call)]
+    assert [pk for pk, _ in index.search(mode="hybrid", limit=10, **call)] == dense
     assert len(dense) == len(texts)

@@ -20,9 +20,11 @@ RECENT_CYCLES = 20
 
 
 def dream_agents_due(*, min_experiences: int, now: datetime | None = None) -> list[str]:
-    """Agents holding at least `min_experiences` unexpired experiences, in name order."""
+    """Agents holding at least `min_experiences` unexpired, unretired experiences, in name
+    order."""
     return list(
         experience_visible(now=now)
+        .filter(retired_at=None)
         .values("agent_id")
         .annotate(n=Count("id"))
         .filter(n__gte=max(1, min_experiences))

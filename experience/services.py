@@ -15,7 +15,7 @@ from typing import Any
 
 from django.conf import settings
 from django.db import DatabaseError, connection, transaction
-from django.db.models import F, JSONField, Max, QuerySet
+from django.db.models import F, JSONField, Max, Q, QuerySet
 from django.utils import timezone
 from kombu.exceptions import OperationalError
 
@@ -23,7 +23,8 @@ from ferrum_memory.core.exceptions import Conflict
 from ferrum_memory.core.renderers import json_bytes
 from ferrum_memory.core.revisions import revision_purge_tombstones, revision_take
 
-from .models import Experience, ExperienceTombstone
+from .models import Experience, ExperienceTombstone, ReplaySettings, ReplayState
+from .replay_selectors import replay_controls_many
 from .selectors import experience_in_bulk_by_id
 
 REVISION = "experience"
@@ -88,6 +89,7 @@ def experience_create_many(
         if row.priority is None:
             row.priority = max_priority.get(row.agent_id) or INITIAL_MAX_PRIORITY
     _insert(new_rows)
+    _count_inserts_and_evict(new_rows, revision=revision)
     return [
         StoredExperience(existing[eid], False)
         if eid in existing
@@ -231,11 +233,60 @@ def experience_recompute_priority(*, queryset: QuerySet[Experience]) -> int:
     return len(rows)
 
 
+def _count_inserts_and_evict(rows: list[Experience], *, revision: int) -> None:
+    """Count new rows into their agents' ReplayState and, past an agent's max_size, remove
+    items by its remover, in the insert's transaction and through the same tombstones as a
+    delete. A list larger than the capacity keeps its newest max_size items."""
+    added = Counter(row.agent_id for row in rows)
+    if not added:
+        return
+    ReplayState.objects.bulk_create(
+        [ReplayState(agent_id=agent) for agent in added], ignore_conflicts=True
+    )
+    for agent, count in added.items():
+        ReplayState.objects.filter(agent_id=agent).update(
+            size=F("size") + count, inserts=F("inserts") + count
+        )
+    capacity = {
+        agent: controls
+        for agent, controls in replay_controls_many(added).items()
+        if controls.max_size
+    }
+    if not capacity:
+        return
+    sizes = dict(ReplayState.objects.filter(agent_id__in=capacity).values_list("agent_id", "size"))
+    doomed: list[tuple[int, str]] = []
+    for agent, controls in capacity.items():
+        excess = sizes[agent] - controls.max_size
+        if excess <= 0:
+            continue
+        mine = Experience.objects.filter(agent_id=agent)
+        if added[agent] >= controls.max_size:  # the newest of this list are the ones kept
+            newest = sorted(row.pk for row in rows if row.agent_id == agent)[-controls.max_size :]
+            victims = mine.exclude(id__in=newest)
+        elif controls.remover == ReplaySettings.Remover.LOWEST_PRIORITY:
+            victims = mine.order_by("priority", "id")[:excess]
+        else:
+            victims = mine.order_by("id")[:excess]
+        doomed += [(pk, agent) for pk in victims.values_list("id", flat=True)]
+    _delete_with_tombstones(doomed, revision=revision, evicted=True)
+
+
 @transaction.atomic
 def experience_delete_many(*, queryset: QuerySet[Experience]) -> int:
     """Delete experiences, leaving tombstones so every replay index drops them."""
     revision = revision_take(name=REVISION)
     doomed = list(queryset.values_list("id", "agent_id"))
+    _delete_with_tombstones(doomed, revision=revision)
+    return len(doomed)
+
+
+def _delete_with_tombstones(
+    doomed: Sequence[tuple[int, str]], *, revision: int, evicted: bool = False
+) -> None:
+    """Delete (pk, agent_id) rows inside a write transaction that took `revision`: a tombstone
+    each, so every replay index drops them, and each agent's size counted down (evictions
+    counted as removals too)."""
     ExperienceTombstone.objects.bulk_create(
         [
             ExperienceTombstone(experience_pk=pk, agent_id=agent, revision=revision)
@@ -244,7 +295,10 @@ def experience_delete_many(*, queryset: QuerySet[Experience]) -> int:
         ignore_conflicts=True,
     )
     Experience.objects.filter(id__in=[pk for pk, _ in doomed]).delete()
-    return len(doomed)
+    for agent, count in Counter(agent for _, agent in doomed).items():
+        ReplayState.objects.filter(agent_id=agent).update(
+            size=F("size") - count, removals=F("removals") + (count if evicted else 0)
+        )
 
 
 class _DrawTally:
@@ -372,15 +426,17 @@ def experience_mark_sampled(*, pks: Sequence[int], at: datetime | None = None) -
 
 
 def experience_purge_expired(*, now: datetime | None = None) -> int:
-    """Delete expired experiences in chunks, then tombstones older than the retention."""
+    """Delete expired and retired experiences in chunks, then tombstones older than the
+    retention."""
     now = now or timezone.now()
     deleted = 0
-    while True:
-        chunk = Experience.objects.filter(expires_at__lte=now).order_by("id")[:PURGE_CHUNK]
-        pks = list(chunk.values_list("id", flat=True))
-        if not pks:
-            break
-        deleted += experience_delete_many(queryset=Experience.objects.filter(id__in=pks))
+    for done in (Q(expires_at__lte=now), Q(retired_at__isnull=False)):
+        while True:
+            chunk = Experience.objects.filter(done).order_by("id")[:PURGE_CHUNK]
+            pks = list(chunk.values_list("id", flat=True))
+            if not pks:
+                break
+            deleted += experience_delete_many(queryset=Experience.objects.filter(id__in=pks))
     horizon = now - timedelta(seconds=settings.REPLAY_TOMBSTONE_RETENTION)
     revision_purge_tombstones(
         name=REVISION, tombstones=ExperienceTombstone.objects.filter(deleted_at__lt=horizon)

@@ -66,7 +66,12 @@ class ChangeSet:
 
 
 def revision_changes(
-    *, name: str, cursor: int, rows: QuerySet[Any], tombstones: QuerySet[Any]
+    *,
+    name: str,
+    cursor: int,
+    rows: QuerySet[Any],
+    tombstones: QuerySet[Any],
+    through: int | None = None,
 ) -> ChangeSet | None:
     """The changes after `cursor` (an index's last applied revision; -1 when never built), or
     None when there are none. Both querysets need a `revision` field.
@@ -74,8 +79,12 @@ def revision_changes(
     `upper` is a committed revision, so every revision up to it is committed too: reading
     (cursor, upper] never skips a write that commits later with a smaller revision. A cursor
     behind the purged tombstones, or ahead of the DB (a restored or reset DB), means rebuild.
+    A writer catching up inside its own transaction passes `through`, the revision it took
+    minus one: the counter it reads is its own, not yet committed.
     """
     upper, purged_through = revision_state(name=name)
+    if through is not None:
+        upper = through
     if cursor < 0 or cursor < purged_through or upper < cursor:
         return ChangeSet(upper, True, rows.filter(revision__lte=upper), tombstones.none())
     if upper == cursor:

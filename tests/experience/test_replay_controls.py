@@ -1,6 +1,9 @@
 """Per-agent replay controls: settings over the API, capacity with eviction, the sampling cap,
 the samples-per-insert rate limiter, and exact sampling after evictions and retirements."""
 
+import json
+import subprocess
+import sys
 import threading
 import time
 from collections import Counter
@@ -201,7 +204,8 @@ def test_deletes_and_the_purge_count_down_the_size(settings):
     assert (db_state().size, db_state().removals) == (5, 1)
 
 
-def test_dream_history_keeps_the_draws_of_evicted_items(dream_settings):
+@pytest.mark.usefixtures("dream_settings")
+def test_dream_history_keeps_the_draws_of_evicted_items():
     rows = stock(AGENT, 6)
     cycle = dream_cycle_run(agent_id=AGENT, seed=3)
     drawn = set(cycle.items.values_list("experience_pk", flat=True))
@@ -348,7 +352,8 @@ def test_wait_ms_waits_for_inserts_instead_of_answering_429():
         draw(batch_size=1, wait_ms=100)
 
 
-def test_a_dream_cycle_is_created_only_when_the_limiter_allows_it(dream_settings):
+@pytest.mark.usefixtures("dream_settings")
+def test_a_dream_cycle_is_created_only_when_the_limiter_allows_it():
     controls(samples_per_insert=1.0)  # dream batches of 8
     stock(AGENT, 12)
     run = dream_cycles_run_due()
@@ -445,7 +450,7 @@ def test_capped_draws_report_the_probability_of_the_buffer_each_was_drawn_from()
     for item in batch.items:
         total = sum(left.values())
         assert item.probability == pytest.approx(left[item.experience.pk] / total)
-        n, p_min = len(left), min(left.values()) / total
+        p_min = min(left.values()) / total
         assert item.weight == pytest.approx(p_min / item.probability)  # beta 1: (p_min / p)
         del left[item.experience.pk]
     assert not left
@@ -465,3 +470,69 @@ def test_the_first_capped_draw_follows_the_priorities(seed_count):
         Experience.objects.update(retired_at=None, times_sampled=0)  # back, for the next seed
         index.invalidate()
     assert chi_square_p(np.array(first), expected) > P_VALUE_FLOOR
+
+
+# The limiter across processes ------------------------------------------------------------------
+
+
+@pytest.mark.django_db(transaction=True)
+def test_two_sampler_processes_share_one_limiter(tmp_path):
+    """Two processes sample one agent as fast as the limiter lets them while this one inserts:
+    every grant, as each sampler saw the counters right after it, stays within
+    (inserts - min_size) * samples_per_insert + tolerance; together they drew exactly what the
+    shared counter says, and they used the allowance (neither starved nor overdrew)."""
+    from tests.experience.test_dream_e2e import ROOT, process_env
+
+    spi, tolerance, min_size, batch = 2.0, 6.0, 4, 3
+    controls(samples_per_insert=spi, spi_tolerance=tolerance, min_size=min_size)
+    env = {**process_env(tmp_path), "DJANGO_SETTINGS_MODULE": "ferrum_memory.settings.base"}
+    stop = tmp_path / "stop"
+    outs = [tmp_path / f"sampler-{n}.jsonl" for n in range(2)]
+    samplers = [
+        subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "tests.experience.limiter_sampler",
+                AGENT,
+                str(batch),
+                str(out),
+                str(stop),
+            ],
+            cwd=ROOT,
+            env=env,
+        )
+        for out in outs
+    ]
+    try:
+        deadline = time.monotonic() + 60
+        while not all(out.exists() and out.read_text() for out in outs):
+            assert time.monotonic() < deadline, "the samplers did not start"
+            assert all(s.poll() is None for s in samplers), "a sampler died"
+            time.sleep(0.1)
+        for _ in range(40):
+            stock(AGENT, 1)
+            time.sleep(0.03)
+        time.sleep(1.0)  # the samplers take what the last inserts allow
+    finally:
+        stop.touch()
+        for sampler in samplers:
+            sampler.wait(timeout=30)
+    lines = [[json.loads(line) for line in out.read_text().splitlines()] for out in outs]
+    grants = [[line for line in mine if "drawn" in line] for mine in lines]
+    refused = sum(mine[-1]["refused"] for mine in lines)
+    state = db_state()
+    ceiling = (state.inserts - min_size) * spi + tolerance
+    print(
+        f"\ntwo samplers: {[len(g) for g in grants]} batches granted of {batch}, "
+        f"{refused} requests refused; {state.samples} samples for {state.inserts} inserts, "
+        f"ceiling {ceiling:g}"
+    )
+    assert all(sampler.returncode == 0 for sampler in samplers)
+    assert all(grants), "both processes were granted draws"
+    for line in (line for mine in grants for line in mine):
+        assert line["samples"] <= (line["inserts"] - min_size) * spi + tolerance, line
+    assert sum(line["drawn"] for mine in grants for line in mine) == state.samples
+    assert state.inserts == 40
+    assert ceiling - batch < state.samples <= ceiling
+    assert refused > 0

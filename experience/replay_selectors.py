@@ -3,11 +3,12 @@ counters."""
 
 from collections.abc import Iterable
 from dataclasses import dataclass, fields
+from datetime import datetime
 
 from django.conf import settings
-from django.db.models import Q
+from django.db.models import Count, Q, Sum
 
-from .models import ReplaySettings, ReplayState
+from .models import Experience, ReplaySettings, ReplaySnapshot, ReplayState
 
 
 @dataclass(frozen=True)
@@ -83,3 +84,84 @@ def replay_controls_anywhere() -> bool:
 def replay_state_get(*, agent_id: str) -> ReplayState:
     """The agent's counters; all zero for an agent that never stored an experience."""
     return ReplayState.objects.filter(agent_id=agent_id).first() or ReplayState(agent_id=agent_id)
+
+
+# The dashboard ---------------------------------------------------------------------------------
+
+DASHBOARD_AGENTS = 20
+HISTORY_POINTS = 48
+
+
+@dataclass(frozen=True)
+class AgentReplayRow:
+    """One agent's line of the dashboard's controls table."""
+
+    agent_id: str
+    size: int
+    max_size: int  # 0: no capacity
+    removals: int
+    retired: int  # retired items still in the DB (the purge deletes them)
+    inserts: int
+    samples: int
+    samples_per_insert: float  # the limiter's ratio; 0: none
+    max_times_sampled: int
+
+    @property
+    def ratio(self) -> float | None:
+        return self.samples / self.inserts if self.inserts else None
+
+
+@dataclass(frozen=True)
+class HistoryPoint:
+    at: datetime
+    size: int
+    inserts: int
+    samples: int
+
+    @property
+    def ratio(self) -> float | None:
+        return self.samples / self.inserts if self.inserts else None
+
+
+def replay_controls_table(*, agent_id: str | None = None) -> list[AgentReplayRow]:
+    """The largest agents' (or one agent's) size against capacity, removals, retired items and
+    samples per insert."""
+    states = ReplayState.objects.order_by("-size", "agent_id")
+    if agent_id:
+        states = states.filter(agent_id=agent_id)
+    rows = list(states[:DASHBOARD_AGENTS])
+    agents = [state.agent_id for state in rows]
+    retired = dict(
+        Experience.objects.filter(retired_at__isnull=False, agent_id__in=agents)
+        .values("agent_id")
+        .annotate(n=Count("id"))
+        .values_list("agent_id", "n")
+    )
+    controls = replay_controls_many(agents)
+    return [
+        AgentReplayRow(
+            agent_id=state.agent_id,
+            size=state.size,
+            max_size=controls[state.agent_id].max_size,
+            removals=state.removals,
+            retired=retired.get(state.agent_id, 0),
+            inserts=state.inserts,
+            samples=state.samples,
+            samples_per_insert=controls[state.agent_id].samples_per_insert,
+            max_times_sampled=controls[state.agent_id].max_times_sampled,
+        )
+        for state in rows
+    ]
+
+
+def replay_history(*, agent_id: str | None = None) -> list[HistoryPoint]:
+    """The latest snapshots, oldest first: one agent's, or every agent's summed per moment."""
+    snapshots = ReplaySnapshot.objects.all()
+    if agent_id:
+        snapshots = snapshots.filter(agent_id=agent_id)
+    rows = (
+        snapshots.values("at")
+        .annotate(size=Sum("size"), inserts=Sum("inserts"), samples=Sum("samples"))
+        .order_by("-at")[:HISTORY_POINTS]
+    )
+    return [HistoryPoint(r["at"], r["size"], r["inserts"], r["samples"]) for r in rows][::-1]

@@ -22,7 +22,7 @@ from typing import Any
 
 from django.conf import settings
 from django.db import transaction
-from django.db.models import ExpressionWrapper, F, FloatField, Value
+from django.db.models import Count, ExpressionWrapper, F, FloatField, Value
 from django.utils import timezone
 
 from ferrum_memory.core.exceptions import Conflict, ServiceError, TooManyRequests
@@ -41,6 +41,7 @@ from .selectors import ReplayBatch, replay_sample
 from .services import REVISION, experience_mark_sampled, experience_mark_sampled_later
 
 LIMITER_POLL_SECONDS = 0.02
+MAX_COUNT = 2**63 - 1
 RETRY_AFTER_SECONDS = 1
 
 
@@ -97,19 +98,19 @@ def replay_limiter_status(*, controls: ReplayControls, count: int = 1) -> Limite
         + controls.spi_tolerance
         - state.samples
     )
+    needed = 0.0
     if controls.samples_per_insert > 0:
         short = (state.samples + count - controls.spi_tolerance) / controls.samples_per_insert
-        needed = max(0, math.ceil(short + controls.min_size - state.inserts - 1e-9))
-    else:
-        needed = 0
-    needed = max(needed, controls.min_size - state.size)
+        needed = short + controls.min_size - state.inserts
+    # A tiny ratio needs more inserts than a count can say: the largest count, then.
+    needed = min(max(needed, controls.min_size - state.size, 0.0), MAX_COUNT)
     return LimiterStatus(
         inserts=state.inserts,
         samples=state.samples,
         size=state.size,
         ratio=state.samples / state.inserts if state.inserts else None,
         allowed=max(0.0, allowed) if state.size >= controls.min_size else 0.0,
-        inserts_needed=needed,
+        inserts_needed=min(math.ceil(needed - 1e-9), MAX_COUNT) if needed > 0 else 0,
     )
 
 
@@ -249,6 +250,27 @@ def _draw_capped(
         index.invalidate()  # the trees dropped items this rollback keeps sampleable
         raise
     return batch
+
+
+@transaction.atomic
+def replay_state_recount(*, agent_ids: list[str] | None = None) -> int:
+    """Set agents' sizes (None: every agent's) from their rows, holding the revision lock so no
+    insert or delete runs meanwhile; an agent with rows and no counters gets them (inserts =
+    rows). For rows loaded around the service; the writes keep the counts otherwise."""
+    revision_take(name=REVISION)
+    rows = (
+        Experience.objects.all()
+        if agent_ids is None
+        else Experience.objects.filter(agent_id__in=agent_ids)
+    )
+    sizes = dict(rows.values("agent_id").annotate(n=Count("id")).values_list("agent_id", "n"))
+    wanted = set(sizes) | set(agent_ids or ())
+    ReplayState.objects.bulk_create(
+        [ReplayState(agent_id=a, inserts=sizes.get(a, 0)) for a in wanted], ignore_conflicts=True
+    )
+    for agent in wanted:
+        ReplayState.objects.filter(agent_id=agent).update(size=sizes.get(agent, 0))
+    return len(wanted)
 
 
 # The dashboard's history ---------------------------------------------------------------------

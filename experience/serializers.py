@@ -582,13 +582,14 @@ REMOVERS = ("fifo", "lowest_priority")
 
 
 class ReplaySettingsQuerySerializer(serializers.Serializer):
-    agent_id = CharField(max_length=256)
+    # Not trimmed, so that the maxLength the schema states holds of the value as sent.
+    agent_id = CharField(max_length=256, trim_whitespace=False)
 
 
 class ReplaySettingsInSerializer(serializers.Serializer):
     """PUT /experience/settings: each setting left out takes its default (REPLAY_*)."""
 
-    agent_id = CharField(max_length=256)
+    agent_id = CharField(max_length=256, trim_whitespace=False)
     max_size = StrictIntegerField(
         min_value=0, max_value=MAX_COUNT, required=False, help_text="Capacity; 0: none."
     )

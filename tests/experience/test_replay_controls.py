@@ -7,12 +7,14 @@ import sys
 import threading
 import time
 from collections import Counter
+from datetime import timedelta
 from typing import Any
 
 import numpy as np
 import pytest
 from django.conf import settings as django_settings
 from django.db import connection
+from django.utils import timezone
 from rest_framework.test import APIClient
 
 from experience.dream_services import dream_cycle_run, dream_cycles_run_due
@@ -536,3 +538,130 @@ def test_two_sampler_processes_share_one_limiter(tmp_path):
     assert state.inserts == 40
     assert ceiling - batch < state.samples <= ceiling
     assert refused > 0
+
+
+def test_a_tiny_ratio_needs_more_inserts_than_a_count_holds(api_client):
+    response = api_client.put(
+        "/experience/settings",
+        {"agent_id": AGENT, "samples_per_insert": 5e-324, "min_size": 3},
+        format="json",
+    )
+    assert response.status_code == 200
+    assert response.json()["limiter"]["inserts_needed"] == 2**63 - 1
+
+
+@pytest.mark.parametrize(
+    ("name", "value"),
+    [
+        ("REPLAY_REMOVER", "random"),
+        ("REPLAY_MAX_SIZE", -1),
+        ("REPLAY_SPI_TOLERANCE", -0.5),
+        ("REPLAY_SNAPSHOT_SECONDS", 0),
+    ],
+)
+def test_nonsense_replay_defaults_stop_the_start(settings, name, value):
+    from django.core.exceptions import ImproperlyConfigured
+
+    from experience.apps import check_replay_settings
+
+    check_replay_settings()
+    setattr(settings, name, value)
+    with pytest.raises(ImproperlyConfigured, match=name):
+        check_replay_settings()
+
+
+# The dashboard, the admin, the counters --------------------------------------------------------
+
+DASHBOARD = "/admin/experience/dreamcycle/dashboard/"
+
+
+def test_the_dashboard_shows_each_agents_controls_and_its_ratio_over_time(admin_client):
+    from experience.replay_services import replay_snapshot_take
+    from experience.tasks import take_replay_snapshot
+    from tests.experience.browser import census
+
+    controls(max_size=4, samples_per_insert=1.0, spi_tolerance=2.0, max_times_sampled=2)
+    stock("other", 3)
+    stock(AGENT, 6)  # 2 evicted
+    start = timezone.now()
+    assert replay_snapshot_take(now=start - timedelta(minutes=10)) == 2
+    draw(batch_size=4)
+    assert take_replay_snapshot() == 2
+    page = admin_client.get(DASHBOARD + f"?agent_id={AGENT}").content.decode()
+    marks = census(page).marks
+    assert marks["spi-ratio-over-time"]["point"] == 2
+    assert marks["size-over-time"]["point"] == 2
+    assert "4 samples / 6 inserts" in page and "0 samples / 6 inserts" in page
+    assert 'id="replay-controls"' in page and "100% full" in page
+    row = page.split('id="replay-controls"')[1].split("</tr>")[1]
+    cells = [c.split(">", 1)[1] for c in row.split("<td")[1:]]
+    values = [c.split("</td>")[0].strip() for c in cells]
+    # agent, size, capacity, removals, retired, inserts, samples, ratio, limiter, cap
+    assert values[1:] == ["4", "4 (100% full)", "2", values[4], "6", "4", "0.667", "1.0", "2"]
+    retired = Experience.objects.filter(agent_id=AGENT, retired_at__isnull=False).count()
+    assert values[4] == str(retired)
+    everyone = admin_client.get(DASHBOARD).content.decode()
+    assert "other" in everyone.split('id="replay-controls"')[1]
+    assert "4 samples / 9 inserts" in everyone  # every agent's counters, summed per moment
+
+
+def test_admin_edits_settings_through_the_service_from_the_defaults(admin_client, settings):
+    settings.REPLAY_MAX_SIZE = 77
+    add = "/admin/experience/replaysettings/add/"
+    assert 'value="77"' in admin_client.get(add).content.decode()
+    form = {
+        "agent_id": AGENT,
+        "max_size": 3,
+        "remover": "lowest_priority",
+        "max_times_sampled": 0,
+        "min_size": 0,
+        "samples_per_insert": 0,
+        "spi_tolerance": 0,
+        "alpha": 0.6,
+    }
+    assert admin_client.post(add, form).status_code == 302
+    assert replay_controls_get(agent_id=AGENT).max_size == 3
+    bad = admin_client.post(add, {**form, "agent_id": "x", "samples_per_insert": -1})
+    assert bad.status_code == 200 and not ReplaySettings.objects.filter(agent_id="x").exists()
+    change = f"/admin/experience/replaysettings/{AGENT}/change/"
+    assert admin_client.post(change, {**form, "max_size": 9}).status_code == 302
+    assert replay_controls_get(agent_id=AGENT).max_size == 9
+    assert admin_client.get("/admin/experience/replaystate/").status_code == 200
+
+
+def test_recount_sets_sizes_from_the_rows_and_the_admin_runs_it(admin_client):
+    from experience.replay_services import replay_state_recount
+
+    stock(AGENT, 3)
+    ReplayState.objects.filter(agent_id=AGENT).update(size=99)
+    # A row loaded around the service (as the bench's COPY loads them): no counters follow.
+    Experience.objects.create(
+        experience_id="loaded",
+        agent_id="loaded",
+        task="t",
+        reward=0.0,
+        priority=1.0,
+        created_at=timezone.now(),
+        revision=0,
+    )
+    assert replay_state_recount() == 2
+    assert db_state().size == 3
+    assert (db_state("loaded").size, db_state("loaded").inserts) == (1, 1)
+    ReplayState.objects.filter(agent_id=AGENT).update(size=50)
+    response = admin_client.post(
+        "/admin/experience/replaystate/",
+        {"action": "recount", "_selected_action": [AGENT]},
+    )
+    assert response.status_code == 302 and db_state().size == 3
+
+
+def test_experience_admin_filters_retired_items(admin_client):
+    controls(max_times_sampled=1)
+    rows = stock(AGENT, 2)
+    draw(batch_size=1, seed=1)
+    page = admin_client.get("/admin/experience/experience/?retired=yes").content.decode()
+    retired = Experience.objects.get(retired_at__isnull=False)
+    other = next(r for r in rows if r.pk != retired.pk)
+    assert retired.experience_id in page and other.experience_id not in page
+    page = admin_client.get("/admin/experience/experience/?retired=no").content.decode()
+    assert other.experience_id in page

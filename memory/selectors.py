@@ -1,18 +1,20 @@
 """Every non-trivial read of long-term memory."""
 
+import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any
 from uuid import UUID
 
+import numpy as np
 from django.db.models import Count, Q, QuerySet
 from django.utils import timezone
 
 from ferrum_memory.core.exceptions import NotFound
 from ferrum_memory.core.telemetry import traced
 
-from .embeddings import get_embedder, get_reranker
+from .embeddings import Embedder, get_embedder, get_reranker
 from .models import MemoryItem
 from .vector_index import SearchFilter, get_vector_index
 
@@ -39,10 +41,37 @@ def _live(item: MemoryItem, now: datetime) -> bool:
     return item.expires_at is None or item.expires_at > now
 
 
+# Relevance: the probability that a hit is about the query, from two absolute signals (unlike
+# the fused score, which only ranks a pool against itself): the cosine of the query and item
+# embeddings, and the share of the query's BM25 terms the item contains. A logistic model fitted
+# by bench/context.py --fit on LoCoMo (each question against its own conversation's evidence
+# turns, and against another conversation's top hits); the threshold curve is in its output.
+RELEVANCE_BIAS = -6.0
+RELEVANCE_PER_COSINE = 8.0
+RELEVANCE_PER_TERM_SHARE = 4.0
+
+
+def relevance(cosine: float, term_share: float) -> float:
+    logit = RELEVANCE_BIAS + RELEVANCE_PER_COSINE * cosine + RELEVANCE_PER_TERM_SHARE * term_share
+    return 1.0 / (1.0 + math.exp(-logit))
+
+
+def term_share(embedder: Embedder, query_terms: set[int], content: str) -> float:
+    """The share of the query's distinct BM25 terms (stemmed, stopwords out) in `content`;
+    0 for a query of stopwords only."""
+    if not query_terms:
+        return 0.0
+    return len(query_terms & set(embedder.sparse_document(content).indices)) / len(query_terms)
+
+
 @dataclass(frozen=True)
 class MemoryHit:
     item: MemoryItem
     score: float
+    relevance: float
+    # The evidence `relevance` is made of, for calibration (bench/context.py).
+    cosine: float
+    term_share: float
 
 
 @traced(
@@ -68,9 +97,11 @@ def memory_search(
     created_before: datetime | None = None,
     min_importance: float | None = None,
     max_sensitivity: str = "",
+    min_relevance: float = 0.0,
     rerank: bool = False,
 ) -> list[MemoryHit]:
-    """Hybrid (dense + BM25, z-score fusion), dense or sparse search of one agent's memories."""
+    """Hybrid (dense + BM25, z-score fusion), dense or sparse search of one agent's memories:
+    the top `limit` hits, less those whose relevance is below `min_relevance`."""
     reranker = get_reranker() if rerank else None
     now = timezone.now()
     embedder = get_embedder()
@@ -86,29 +117,32 @@ def memory_search(
         max_sensitivity=max_sensitivity,
     )
     pool = limit * RERANK_POOL if reranker else limit
+    # Embedded in every mode: the cosine is half of every hit's relevance.
+    dense = embedder.embed_query(query)
+    sparse = embedder.sparse_query(query)
     hits = get_vector_index().search(
-        mode=mode,
-        dense=embedder.embed_query(query).tolist() if mode != "sparse" else [],
-        sparse=embedder.sparse_query(query),
-        flt=flt,
-        limit=pool,
+        mode=mode, dense=dense.tolist(), sparse=sparse, flt=flt, limit=pool
     )
     # By primary key only: with an agent filter SQLite picks the agent index and reads every
     # row the agent has. The index already filtered agent and expiry; the DB has the last word.
-    rows = MemoryItem.objects.defer("embedding").in_bulk([pk for pk, _ in hits])
-    found = [
-        MemoryHit(rows[pk], score)
-        for pk, score in hits
-        if pk in rows and rows[pk].agent_id == agent_id and _live(rows[pk], now)
-    ]
+    rows = MemoryItem.objects.in_bulk([pk for pk, _ in hits])
+    query_terms = set(sparse.indices)
+    found = []
+    for pk, score in hits:
+        row = rows.get(pk)
+        if row is None or row.agent_id != agent_id or not _live(row, now):
+            continue
+        cosine = float(np.frombuffer(bytes(row.embedding), dtype=np.float32) @ dense)
+        share = term_share(embedder, query_terms, row.content)
+        found.append(MemoryHit(row, score, relevance(cosine, share), cosine, share))
     if reranker is not None and found:
         scores = list(reranker.rerank(query, [hit.item.content for hit in found]))
         found = sorted(
-            (MemoryHit(hit.item, float(score)) for hit, score in zip(found, scores, strict=True)),
+            (replace(hit, score=float(score)) for hit, score in zip(found, scores, strict=True)),
             key=lambda hit: hit.score,
             reverse=True,
         )
-    return found[:limit]
+    return [hit for hit in found[:limit] if hit.relevance >= min_relevance]
 
 
 def memory_stats(agent_ids: Sequence[str] | None) -> dict[str, Any]:

@@ -6,10 +6,8 @@
   topic: session recall@10 of the memories inside the context, against plain hybrid search at
   limit 10) and of the next conversation's agent (off topic: the share of questions whose context
   holds no memory at all). Then the trade-off curve: both figures for several relevance
-  thresholds, from the same searches. ``--fit`` also fits the relevance model's weights
-  (memory.selectors.RELEVANCE_*) by logistic regression: positives are the on-topic hits that are
-  evidence turns, negatives every off-topic hit; SciFact's relevant abstracts of the train
-  queries check that the fitted relevance keeps what another set calls relevant.
+  thresholds, from the same searches. ``--fit`` also chooses the relevance model's constants
+  (memory.selectors.RELEVANCE_*; see fit_relevance) from those searches.
 - ``latency``: POST /memory/context beside POST /memory/search over HTTP through gunicorn as
   deployed (``tests/api/live_server.py``, keep-alive, one client), with a 50-turn session, at
   10^4 and 10^5 memory items of one agent (rows written straight to the DB as in
@@ -23,9 +21,9 @@ import json
 import platform
 import sys
 import tempfile
+import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
@@ -48,7 +46,10 @@ SEARCH_LIMIT = 10
 THRESHOLDS = (0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9)
 TARGET_RECALL_GAP = 0.02
 TARGET_ABSTENTION = 0.90
-CONTEXT_BUDGET = 4_000  # tokens: room for ten turns whatever the threshold keeps
+CONTEXT_BUDGET = 4_000
+LATENCY_AGENT = "bench"
+SESSION_TURNS = 50
+TARGET_P95_GAP_MS = 5.0  # tokens: room for ten turns whatever the threshold keeps
 
 
 def _sessions(ids: list[str]) -> set[int]:
@@ -138,23 +139,109 @@ def fit_relevance(
     on_topic: Sequence[Sequence[tuple[float, float, bool, bool]]],
     off_topic: Sequence[Sequence[tuple[float, float]]],
 ) -> None:
-    """Logistic regression (Newton's method) of evidence turn vs off-topic hit."""
-    positives = [(c, t) for hits in on_topic for c, t, _, turn in hits if turn]
-    negatives = [(c, t) for hits in off_topic for c, t in hits]
-    x = np.array([(1.0, c, t) for c, t in positives + negatives])
+    """Choose the term weight and midpoint of memory.selectors.relevance, then fit its slope.
+
+    A question's context keeps its hits whose evidence (cosine + w * term share) reaches the
+    midpoint. For each w, the midpoint with the largest margin over both targets (on-topic
+    session recall within TARGET_RECALL_GAP of plain search, off-topic abstention at least
+    TARGET_ABSTENTION); then the slope by logistic regression (Newton's method, classes weighed
+    alike) of evidence turns against off-topic hits, the midpoint at relevance 0.5."""
+    n = len(on_topic)
+    floor = sum(any(h[2] for h in hits) for hits in on_topic) / n - TARGET_RECALL_GAP
+    rows, best = [], (-1.0, 0.0, 0.0)
+    for weight in np.arange(0.0, 1.55, 0.1):
+        on = np.array(
+            [max((c + weight * t for c, t, s, _ in h if s), default=-9.0) for h in on_topic]
+        )
+        off = np.array([max((c + weight * t for c, t in h), default=-9.0) for h in off_topic])
+        margin, midpoint, recall, abstention = max(
+            (
+                min((on >= m).mean() - floor, (off < m).mean() - TARGET_ABSTENTION),
+                m,
+                (on >= m).mean(),
+                (off < m).mean(),
+            )
+            for m in np.arange(0.3, 1.2, 0.005)
+        )
+        rows.append((f"{weight:.1f}", f"{midpoint:.3f}", f"{recall:.3f}", f"{abstention:.3f}"))
+        if margin > best[0]:
+            best = (margin, float(weight), float(midpoint))
+    print("\n## the relevance model: each term weight at its best midpoint\n")
+    _print_table(("term weight", "midpoint", "on-topic session R@10", "off-topic abstention"), rows)
+    _, weight, midpoint = best
+    positives = [c + weight * t - midpoint for hits in on_topic for c, t, _, e in hits if e]
+    negatives = [c + weight * t - midpoint for hits in off_topic for c, t in hits]
+    x = np.array(positives + negatives)
     y = np.array([1.0] * len(positives) + [0.0] * len(negatives))
-    # Each class weighs half, so the fit does not just learn that most hits are off topic.
     w_class = np.where(y == 1, 0.5 / len(positives), 0.5 / len(negatives))
-    beta = np.zeros(3)
+    slope = 1.0
     for _ in range(50):
-        p = 1 / (1 + np.exp(-x @ beta))
-        gradient = x.T @ (w_class * (y - p))
-        hessian = (x * (w_class * p * (1 - p))[:, None]).T @ x + 1e-9 * np.eye(3)
-        beta += np.linalg.solve(hessian, gradient)
+        p = 1 / (1 + np.exp(-slope * x))
+        slope += (w_class * (y - p) * x).sum() / (w_class * p * (1 - p) * x * x).sum()
     print(
-        f"\nfit on {len(positives):,} evidence hits and {len(negatives):,} off-topic hits: "
-        f"RELEVANCE_BIAS = {beta[0]:.2f}, RELEVANCE_PER_COSINE = {beta[1]:.2f}, "
-        f"RELEVANCE_PER_TERM_SHARE = {beta[2]:.2f}"
+        f"\nchosen: RELEVANCE_TERM_WEIGHT = {weight:.1f}, RELEVANCE_MIDPOINT = {midpoint:.3f}, "
+        f"RELEVANCE_SLOPE = {slope:.1f} (fitted on {len(positives):,} evidence turns and "
+        f"{len(negatives):,} off-topic hits)"
+    )
+
+
+def part_latency(args: argparse.Namespace, data_dir: str) -> None:
+    """Context beside search over HTTP, keep-alive, one client, alternating requests."""
+    import httpx
+    from search import load_items, locomo_texts
+
+    from tests.api.live_server import live_server
+
+    turns, questions = locomo_texts()
+    rows = []
+    for size in args.sizes:
+        load_items(size, [LATENCY_AGENT], turns, seed=size)
+        # One web worker: each would build its own copy of the index before its first answer.
+        with live_server(Path(data_dir), WEB_CONCURRENCY="1") as server:
+            headers = {"Authorization": f"Bearer {server.api_key}"}
+            with httpx.Client(base_url=server.base_url, headers=headers, timeout=3600) as http:
+                messages = [
+                    {"role": "user" if i % 2 else "assistant", "content": turns[i]}
+                    for i in range(SESSION_TURNS)
+                ]
+                started = http.post(
+                    "/session/start", json={"agent_id": LATENCY_AGENT, "messages": messages}
+                )
+                started.raise_for_status()
+                sid = started.json()["session_id"]
+                search_ms: list[float] = []
+                context_ms: list[float] = []
+                for i in range(args.warmup + args.requests):
+                    query = questions[i % len(questions)]
+                    for path, body, times in (
+                        ("/memory/search", {"limit": SEARCH_LIMIT}, search_ms),
+                        ("/memory/context", {"token_budget": 2_000, "session_id": sid}, context_ms),
+                    ):
+                        begin = time.perf_counter()
+                        answer = http.post(
+                            path, json={"agent_id": LATENCY_AGENT, "query": query, **body}
+                        )
+                        elapsed = (time.perf_counter() - begin) * 1e3
+                        answer.raise_for_status()
+                        if i >= args.warmup:
+                            times.append(elapsed)
+        for name, times in (
+            ("POST /memory/search", search_ms),
+            ("POST /memory/context", context_ms),
+        ):
+            p50, p95 = np.percentile(times, [50, 95])
+            rows.append((f"{size:,}", name, f"{p50:.1f}", f"{p95:.1f}"))
+        gap = np.percentile(context_ms, 95) - np.percentile(search_ms, 95)
+        rows.append((f"{size:,}", "context p95 - search p95", "", f"{gap:+.1f}"))
+    print(
+        f"\n## HTTP through gunicorn (1 worker, keep-alive, one client), a {SESSION_TURNS}-turn "
+        f"session, {args.requests} requests each, load {_load()}\n"
+    )
+    _print_table(("items", "operation", "p50 ms", "p95 ms"), rows)
+    print(
+        "\nItems are LoCoMo turns (numbered to be distinct) with random unit vectors, written "
+        "straight to the DB; queries are LoCoMo questions, embedded per request. Target: the "
+        f"context's p95 at most {TARGET_P95_GAP_MS:.0f} ms above the search's."
     )
 
 
@@ -162,6 +249,9 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--part", nargs="+", default=["quality", "latency"])
     parser.add_argument("--fit", action="store_true", help="fit the relevance weights")
+    parser.add_argument("--sizes", type=int, nargs="+", default=[10**4, 10**5])
+    parser.add_argument("--requests", type=int, default=200)
+    parser.add_argument("--warmup", type=int, default=10)
     parser.add_argument("--dump", help="write every hit's relevance evidence to this JSON file")
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="ferrum-bench-context-") as data_dir:
@@ -169,6 +259,8 @@ def main(argv: list[str] | None = None) -> None:
         print(f"# bench/context.py on {platform.node()}, load {_load()}")
         if "quality" in args.part:
             part_quality(args)
+        if "latency" in args.part:
+            part_latency(args, data_dir)
 
 
 def _load() -> str:
@@ -179,6 +271,3 @@ def _load() -> str:
 
 if __name__ == "__main__":
     main()
-
-
-__all__: list[Any] = []

@@ -41,19 +41,21 @@ def _live(item: MemoryItem, now: datetime) -> bool:
     return item.expires_at is None or item.expires_at > now
 
 
-# Relevance: the probability that a hit is about the query, from two absolute signals (unlike
-# the fused score, which only ranks a pool against itself): the cosine of the query and item
-# embeddings, and the share of the query's BM25 terms the item contains. A logistic model fitted
-# by bench/context.py --fit on LoCoMo (each question against its own conversation's evidence
-# turns, and against another conversation's top hits); the threshold curve is in its output.
-RELEVANCE_BIAS = -6.0
-RELEVANCE_PER_COSINE = 8.0
-RELEVANCE_PER_TERM_SHARE = 4.0
+# Relevance: how likely a hit is about the query, from two absolute signals (unlike the fused
+# score, which only ranks a pool against itself): the cosine of the query and item embeddings,
+# and the share of the query's BM25 terms the item contains. Their weighed sum is mapped through
+# a logistic curve whose midpoint (relevance 0.5, CONTEXT_MIN_RELEVANCE's default) is the point
+# of the trade-off that bench/context.py --fit chose on LoCoMo: each question asked of its own
+# conversation (an evidence session's turn must stay) and of another one (no hit may stay). The
+# slope is fitted there too, by logistic regression of evidence turns against off-topic hits.
+RELEVANCE_TERM_WEIGHT = 0.4
+RELEVANCE_MIDPOINT = 0.56
+RELEVANCE_SLOPE = 27.1
 
 
 def relevance(cosine: float, term_share: float) -> float:
-    logit = RELEVANCE_BIAS + RELEVANCE_PER_COSINE * cosine + RELEVANCE_PER_TERM_SHARE * term_share
-    return 1.0 / (1.0 + math.exp(-logit))
+    evidence = cosine + RELEVANCE_TERM_WEIGHT * term_share - RELEVANCE_MIDPOINT
+    return 1.0 / (1.0 + math.exp(-RELEVANCE_SLOPE * evidence))
 
 
 def term_share(embedder: Embedder, query_terms: set[int], content: str) -> float:

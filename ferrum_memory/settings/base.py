@@ -242,6 +242,7 @@ SPECTACULAR_SETTINGS = {
         "StatusEnum": ["ok", "error"],
         "MemoryKindEnum": "memory.models.MemoryItem.Kind",
         "MemorySourceEnum": "memory.models.MemoryItem.Source",
+        "MemorySensitivityEnum": "memory.models.MemoryItem.Sensitivity",
     },
 }
 

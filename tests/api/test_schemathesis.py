@@ -85,9 +85,18 @@ def _unique_ids(case: schemathesis.Case) -> bool:
     return len(ids) == len(set(ids))
 
 
+def _shares_add_up(case: schemathesis.Case) -> bool:
+    body = case.body if isinstance(case.body, dict) else {}
+    shares = [body.get("recent_share"), body.get("memory_share")]
+    if not all(isinstance(share, int | float) for share in shares):
+        return True
+    return abs(sum(shares) - 1) <= 1e-9
+
+
 # Rules across fields, which a JSON Schema cannot state: valid cases keep to them.
 CROSS_FIELD_RULES = {
     ("POST", "/memory/search"): _ordered_range,
+    ("POST", "/memory/context"): _shares_add_up,
     ("POST", "/experience/"): _unique_ids,
 }
 

@@ -2,13 +2,13 @@ from typing import Any
 
 from rest_framework import serializers
 
-from experience.serializers import (
+from ferrum_memory.core.fields import (
     MAX_KEEP_SECONDS,
+    StrictCharField,
     StrictFloatField,
     StrictIntegerField,
     json_size_validator,
 )
-from experience.serializers import CharField as StrictCharField
 
 from .models import MemoryItem
 

@@ -3,6 +3,11 @@ import uuid
 from django.db import models
 from django.db.models import Q
 
+from ferrum_memory.core.models import Tombstone
+
+# The revision counter of every write the vector index follows (ferrum_memory.core.revisions).
+REVISION = "memory"
+
 
 class MemoryItem(models.Model):
     """A long-term memory item. The DB row is the truth; vector indexes are derived from it.
@@ -61,16 +66,12 @@ class MemoryItem(models.Model):
         return f"{self.agent_id}: {self.content[:60]}"
 
 
-class MemoryTombstone(models.Model):
+class MemoryTombstone(Tombstone):
     """A deleted memory item, kept until every vector index has had time to drop it."""
 
-    point_id = models.UUIDField(primary_key=True)
-    agent_id = models.CharField(max_length=256)
-    revision = models.BigIntegerField(db_index=True)
-    deleted_at = models.DateTimeField(auto_now_add=True)
+    revision_counter = REVISION
 
-    def __str__(self) -> str:
-        return f"tombstone {self.point_id}@{self.revision}"
+    point_id = models.UUIDField(primary_key=True)
 
 
 class VectorIndexCursor(models.Model):

@@ -15,14 +15,13 @@ from django.db.models import F, QuerySet
 from django.utils import timezone
 
 from ferrum_memory.core.exceptions import ServiceError
-from ferrum_memory.core.revisions import revision_purge_tombstones, revision_take
+from ferrum_memory.core.revisions import revision_delete, revision_purge_expired, revision_take
 
 from .embeddings import get_embedder
-from .models import MemoryItem, MemoryTombstone
+from .models import REVISION, MemoryItem, MemoryTombstone
 from .vector_index import EmbeddingModelMismatch, SearchFilter, get_vector_index
 
 logger = logging.getLogger(__name__)
-REVISION = "memory"
 PURGE_CHUNK = 2_000
 
 
@@ -178,31 +177,15 @@ def memory_index_now() -> bool:
     return True
 
 
-@transaction.atomic
 def memory_delete_many(*, queryset: QuerySet[MemoryItem]) -> int:
-    revision = revision_take(name=REVISION)
-    doomed = list(queryset.values_list("id", "agent_id"))
-    MemoryTombstone.objects.bulk_create(
-        [MemoryTombstone(point_id=pk, agent_id=agent, revision=revision) for pk, agent in doomed],
-        ignore_conflicts=True,
-    )
-    MemoryItem.objects.filter(id__in=[pk for pk, _ in doomed]).delete()
-    return len(doomed)
+    return revision_delete(queryset=queryset, tombstone=MemoryTombstone)
 
 
 def memory_purge_expired(*, now: datetime | None = None) -> int:
     """Delete expired memory items in chunks, then tombstones older than the retention."""
-    now = now or timezone.now()
-    deleted = 0
-    while pks := list(
-        MemoryItem.objects.filter(expires_at__lte=now).values_list("id", flat=True)[:PURGE_CHUNK]
-    ):
-        deleted += memory_delete_many(queryset=MemoryItem.objects.filter(id__in=pks))
-    horizon = now - timedelta(seconds=settings.REPLAY_TOMBSTONE_RETENTION)
-    revision_purge_tombstones(
-        name=REVISION, tombstones=MemoryTombstone.objects.filter(deleted_at__lt=horizon)
+    return revision_purge_expired(
+        model=MemoryItem, tombstone=MemoryTombstone, now=now or timezone.now(), chunk=PURGE_CHUNK
     )
-    return deleted
 
 
 def memory_reindex(*, batch: int = 64) -> int:

@@ -1,12 +1,14 @@
 """Revisions: how derived indexes (replay trees, vector index) follow the DB."""
 
 from dataclasses import dataclass
+from datetime import datetime, timedelta
 from typing import Any
 
+from django.conf import settings
 from django.db import DEFAULT_DB_ALIAS, connections, transaction
-from django.db.models import F, QuerySet
+from django.db.models import F, Model, QuerySet
 
-from .models import RevisionCounter
+from .models import RevisionCounter, Tombstone
 
 
 def revision_take(*, name: str) -> int:
@@ -51,6 +53,40 @@ def revision_purge_tombstones(*, name: str, tombstones: QuerySet[Any]) -> int:
         RevisionCounter.objects.filter(name=name, purged_through__lt=through).update(
             purged_through=through
         )
+    return deleted
+
+
+@transaction.atomic
+def revision_delete(*, queryset: QuerySet[Any], tombstone: type[Tombstone]) -> int:
+    """Delete the rows of `queryset` (a model with an `agent_id`) in one write of
+    `tombstone`'s counter, leaving a tombstone per row so every derived index drops it."""
+    revision = revision_take(name=tombstone.revision_counter)
+    doomed = list(queryset.values_list("pk", "agent_id"))
+    key = tombstone._meta.pk.attname
+    tombstone._default_manager.bulk_create(
+        [tombstone(**{key: pk}, agent_id=agent, revision=revision) for pk, agent in doomed],
+        ignore_conflicts=True,
+    )
+    queryset.model.objects.filter(pk__in=[pk for pk, _ in doomed]).delete()
+    return len(doomed)
+
+
+def revision_purge_expired(
+    *, model: type[Model], tombstone: type[Tombstone], now: datetime, chunk: int
+) -> int:
+    """Delete `model`'s rows expired by `now` (an `expires_at` field), `chunk` rows a
+    transaction, then the tombstones older than REPLAY_TOMBSTONE_RETENTION."""
+    deleted = 0
+    expired = model._default_manager.filter(expires_at__lte=now).order_by("pk")
+    while pks := list(expired.values_list("pk", flat=True)[:chunk]):
+        deleted += revision_delete(
+            queryset=model._default_manager.filter(pk__in=pks), tombstone=tombstone
+        )
+    horizon = now - timedelta(seconds=settings.REPLAY_TOMBSTONE_RETENTION)
+    revision_purge_tombstones(
+        name=tombstone.revision_counter,
+        tombstones=tombstone._default_manager.filter(deleted_at__lt=horizon),
+    )
     return deleted
 
 

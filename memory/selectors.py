@@ -67,6 +67,7 @@ def memory_search(
     created_after: datetime | None = None,
     created_before: datetime | None = None,
     min_importance: float | None = None,
+    max_sensitivity: str = "",
     rerank: bool = False,
 ) -> list[MemoryHit]:
     """Hybrid (dense + BM25, z-score fusion), dense or sparse search of one agent's memories."""
@@ -82,6 +83,7 @@ def memory_search(
         created_after=created_after.timestamp() if created_after else None,
         created_before=created_before.timestamp() if created_before else None,
         min_importance=min_importance,
+        max_sensitivity=max_sensitivity,
     )
     pool = limit * RERANK_POOL if reranker else limit
     hits = get_vector_index().search(

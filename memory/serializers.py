@@ -16,6 +16,10 @@ MAX_CONTENT_CHARS = 20_000
 MAX_BATCH = 256
 MAX_TAGS = 32
 MODES = ("hybrid", "dense", "sparse")
+SENSITIVITY_HELP = (
+    "How sensitive the content is, from least to most: none, low, pii (personal data), "
+    "sensitive. Readers filter with max_sensitivity."
+)
 
 
 class MemoryInSerializer(serializers.Serializer):
@@ -30,6 +34,11 @@ class MemoryInSerializer(serializers.Serializer):
     )
     content = StrictCharField(max_length=MAX_CONTENT_CHARS)
     importance = StrictFloatField(min_value=0, max_value=1, default=0.5)
+    sensitivity = serializers.ChoiceField(
+        choices=MemoryItem.Sensitivity.choices,
+        default=MemoryItem.Sensitivity.NONE,
+        help_text=SENSITIVITY_HELP,
+    )
     tags = serializers.ListField(
         child=StrictCharField(max_length=100), max_length=MAX_TAGS, default=list
     )
@@ -55,6 +64,7 @@ class MemoryOutSerializer(serializers.ModelSerializer):
             "source",
             "content",
             "importance",
+            "sensitivity",
             "tags",
             "metadata",
             "created_at",
@@ -95,6 +105,12 @@ class MemorySearchSerializer(serializers.Serializer):
     created_after = serializers.DateTimeField(required=False)
     created_before = serializers.DateTimeField(required=False)
     min_importance = StrictFloatField(min_value=0, max_value=1, required=False)
+    max_sensitivity = serializers.ChoiceField(
+        choices=MemoryItem.Sensitivity.choices,
+        required=False,
+        help_text="Only items at most this sensitive (none < low < pii < sensitive). "
+        "Default: every level.",
+    )
 
     def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
         after, before = attrs.get("created_after"), attrs.get("created_before")

@@ -3,6 +3,7 @@ from typing import Any
 from rest_framework import serializers
 
 from ferrum_memory.core.fields import (
+    MAX_COUNT,
     MAX_KEEP_SECONDS,
     StrictCharField,
     StrictFloatField,
@@ -10,7 +11,7 @@ from ferrum_memory.core.fields import (
     json_size_validator,
 )
 
-from .models import MemoryItem
+from .models import MemoryEvent, MemoryItem
 
 MAX_CONTENT_CHARS = 20_000
 MAX_BATCH = 256
@@ -71,7 +72,70 @@ class MemoryOutSerializer(serializers.ModelSerializer):
             "expires_at",
             "access_count",
             "embedding_model",
+            "version",
         ]
+
+
+class MemoryListQuerySerializer(serializers.Serializer):
+    agent_id = StrictCharField(max_length=256, required=False)
+    session_id = StrictCharField(max_length=256, required=False)
+    kind = serializers.ChoiceField(choices=MemoryItem.Kind.choices, required=False)
+    # `source` is also a DRF Field attribute; as a declared field it is moved off the class.
+    source = serializers.ChoiceField(  # type: ignore[assignment]
+        choices=MemoryItem.Source.choices, required=False
+    )
+    sensitivity = serializers.ChoiceField(choices=MemoryItem.Sensitivity.choices, required=False)
+    tags = serializers.ListField(
+        child=StrictCharField(max_length=100),
+        required=False,
+        max_length=MAX_TAGS,
+        help_text="Items with every tag given (repeat the parameter for several).",
+    )
+    created_after = serializers.DateTimeField(required=False)
+    created_before = serializers.DateTimeField(required=False)
+
+    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        return _created_range(attrs)
+
+
+def _created_range(attrs: dict[str, Any]) -> dict[str, Any]:
+    after, before = attrs.get("created_after"), attrs.get("created_before")
+    if after and before and after > before:
+        raise serializers.ValidationError({"created_before": ["Must not be before created_after."]})
+    return attrs
+
+
+class MemoryPatchSerializer(serializers.Serializer):
+    version = StrictIntegerField(
+        min_value=1,
+        max_value=MAX_COUNT,
+        help_text="The version read last; a stale one gets 409 with current_version.",
+    )
+    content = StrictCharField(max_length=MAX_CONTENT_CHARS, required=False)
+    importance = StrictFloatField(min_value=0, max_value=1, required=False)
+    sensitivity = serializers.ChoiceField(
+        choices=MemoryItem.Sensitivity.choices, required=False, help_text=SENSITIVITY_HELP
+    )
+    tags = serializers.ListField(
+        child=StrictCharField(max_length=100), max_length=MAX_TAGS, required=False
+    )
+    metadata = serializers.DictField(required=False, validators=[json_size_validator(64_000)])
+    ttl_seconds = StrictIntegerField(
+        min_value=0,
+        max_value=MAX_KEEP_SECONDS,
+        required=False,
+        help_text="Seconds to keep it from now; 0 forever.",
+    )
+
+
+class MemoryEventSerializer(serializers.ModelSerializer):
+    changes = serializers.DictField(
+        help_text="Each changed field's value before and after: {field: {before, after}}."
+    )
+
+    class Meta:
+        model = MemoryEvent
+        fields = ["point_id", "kind", "at", "actor", "version", "changes", "other_point_id"]
 
 
 class StoredMemorySerializer(serializers.Serializer):
@@ -113,12 +177,7 @@ class MemorySearchSerializer(serializers.Serializer):
     )
 
     def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
-        after, before = attrs.get("created_after"), attrs.get("created_before")
-        if after and before and after > before:
-            raise serializers.ValidationError(
-                {"created_before": ["Must not be before created_after."]}
-            )
-        return attrs
+        return _created_range(attrs)
 
 
 class MemoryHitSerializer(serializers.Serializer):

@@ -1,5 +1,6 @@
 """Revisions: how derived indexes (replay trees, vector index) follow the DB."""
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
@@ -56,12 +57,23 @@ def revision_purge_tombstones(*, name: str, tombstones: QuerySet[Any]) -> int:
     return deleted
 
 
+Doomed = list[tuple[Any, str]]  # (pk, agent_id) of each deleted row
+
+
 @transaction.atomic
-def revision_delete(*, queryset: QuerySet[Any], tombstone: type[Tombstone]) -> int:
+def revision_delete(
+    *,
+    queryset: QuerySet[Any],
+    tombstone: type[Tombstone],
+    record: Callable[[Doomed], None] | None = None,
+) -> int:
     """Delete the rows of `queryset` (a model with an `agent_id`) in one write of
-    `tombstone`'s counter, leaving a tombstone per row so every derived index drops it."""
+    `tombstone`'s counter, leaving a tombstone per row so every derived index drops it.
+    `record`, given the rows, writes what else the delete means (history) in its transaction."""
     revision = revision_take(name=tombstone.revision_counter)
     doomed = list(queryset.values_list("pk", "agent_id"))
+    if record is not None and doomed:
+        record(doomed)
     key = tombstone._meta.pk.attname
     tombstone._default_manager.bulk_create(
         [tombstone(**{key: pk}, agent_id=agent, revision=revision) for pk, agent in doomed],
@@ -72,7 +84,12 @@ def revision_delete(*, queryset: QuerySet[Any], tombstone: type[Tombstone]) -> i
 
 
 def revision_purge_expired(
-    *, model: type[Model], tombstone: type[Tombstone], now: datetime, chunk: int
+    *,
+    model: type[Model],
+    tombstone: type[Tombstone],
+    now: datetime,
+    chunk: int,
+    record: Callable[[Doomed], None] | None = None,
 ) -> int:
     """Delete `model`'s rows expired by `now` (an `expires_at` field), `chunk` rows a
     transaction, then the tombstones older than REPLAY_TOMBSTONE_RETENTION."""
@@ -80,7 +97,7 @@ def revision_purge_expired(
     expired = model._default_manager.filter(expires_at__lte=now).order_by("pk")
     while pks := list(expired.values_list("pk", flat=True)[:chunk]):
         deleted += revision_delete(
-            queryset=model._default_manager.filter(pk__in=pks), tombstone=tombstone
+            queryset=model._default_manager.filter(pk__in=pks), tombstone=tombstone, record=record
         )
     horizon = now - timedelta(seconds=settings.REPLAY_TOMBSTONE_RETENTION)
     revision_purge_tombstones(

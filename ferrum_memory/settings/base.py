@@ -238,6 +238,8 @@ SPECTACULAR_SETTINGS = {
         "StatusEnum": ["ok", "error"],
         "MemoryKindEnum": "memory.models.MemoryItem.Kind",
         "MemorySourceEnum": "memory.models.MemoryItem.Source",
+        "MemorySensitivityEnum": "memory.models.MemoryItem.Sensitivity",
+        "MemoryEventKindEnum": "memory.models.MemoryEvent.Kind",
     },
 }
 

@@ -69,10 +69,13 @@ CASES: dict[str, dict[str, Case]] = {
     "memory-search": {
         "post": lambda d: Request("/memory/search", {"agent_id": d.agent_id, "query": "fact"})
     },
+    "memory-list": {"get": lambda d: Request("/memory/", {"agent_id": d.agent_id})},
     "memory-detail": {
         "get": lambda d: Request(f"/memory/{d.point_id}"),
+        "patch": lambda d: Request(f"/memory/{d.point_id}", {"version": 1, "importance": 0.9}),
         "delete": lambda d: Request(f"/memory/{d.point_id}"),
     },
+    "memory-history": {"get": lambda d: Request(f"/memory/{d.point_id}/history")},
     "memory-compress": {
         "post": lambda d: Request(f"/memory/compress?session_id={d.session_id}"),
     },

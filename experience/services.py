@@ -21,9 +21,15 @@ from kombu.exceptions import OperationalError
 
 from ferrum_memory.core.exceptions import Conflict
 from ferrum_memory.core.renderers import json_bytes
-from ferrum_memory.core.revisions import revision_delete, revision_purge_expired, revision_take
+from ferrum_memory.core.revisions import (
+    delete_all,
+    revision_delete,
+    revision_delete_all,
+    revision_purge_expired,
+    revision_take,
+)
 
-from .models import REVISION, Experience, ExperienceTombstone
+from .models import REVISION, DreamCycle, DreamCycleItem, Experience, ExperienceTombstone
 from .selectors import experience_in_bulk_by_id
 
 # New items with no TD error get the buffer's max priority; an empty buffer starts here.
@@ -233,6 +239,19 @@ def experience_recompute_priority(*, queryset: QuerySet[Experience]) -> int:
 def experience_delete_many(*, queryset: QuerySet[Experience]) -> int:
     """Delete experiences, leaving tombstones so every replay index drops them."""
     return revision_delete(queryset=queryset, tombstone=ExperienceTombstone)
+
+
+def experience_erase_agent(*, agent_id: str) -> dict[str, int]:
+    """Delete every experience of the agent (tombstones for the replay trees) and its dream
+    cycles with their draws, in chunks: complete in one call whatever the count."""
+    experiences = revision_delete_all(
+        queryset=Experience.objects.filter(agent_id=agent_id),
+        tombstone=ExperienceTombstone,
+        chunk=PURGE_CHUNK,
+    )
+    draws = delete_all(DreamCycleItem.objects.filter(cycle__agent_id=agent_id), chunk=PURGE_CHUNK)
+    cycles = delete_all(DreamCycle.objects.filter(agent_id=agent_id), chunk=PURGE_CHUNK)
+    return {"experiences": experiences, "dream_cycles": cycles, "dream_cycle_items": draws}
 
 
 class _DrawTally:

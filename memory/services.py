@@ -15,7 +15,13 @@ from django.db.models import F, QuerySet
 from django.utils import timezone
 
 from ferrum_memory.core.exceptions import Conflict, NotFound, ServiceError
-from ferrum_memory.core.revisions import revision_delete, revision_purge_expired, revision_take
+from ferrum_memory.core.revisions import (
+    delete_all,
+    revision_delete,
+    revision_delete_all,
+    revision_purge_expired,
+    revision_take,
+)
 
 from .embeddings import get_embedder
 from .models import REVISION, MemoryEvent, MemoryItem, MemoryTombstone, sensitivity_rank
@@ -277,6 +283,18 @@ def memory_purge_expired(*, now: datetime | None = None) -> int:
         chunk=PURGE_CHUNK,
         record=_record_gone(MemoryEvent.Kind.EXPIRED, "", now),
     )
+
+
+def memory_erase_agent(*, agent_id: str) -> dict[str, int]:
+    """Delete every memory item of the agent (tombstones for the indexes, no history: the
+    history goes too). Chunked, so that it is complete in one call whatever the count."""
+    items = revision_delete_all(
+        queryset=MemoryItem.objects.filter(agent_id=agent_id),
+        tombstone=MemoryTombstone,
+        chunk=PURGE_CHUNK,
+    )
+    events = delete_all(MemoryEvent.objects.filter(agent_id=agent_id), chunk=PURGE_CHUNK)
+    return {"memory_items": items, "memory_events": events}
 
 
 class StaleVersion(Conflict):

@@ -83,6 +83,33 @@ def revision_delete(
     return len(doomed)
 
 
+def revision_delete_all(
+    *,
+    queryset: QuerySet[Any],
+    tombstone: type[Tombstone],
+    chunk: int,
+    record: Callable[[Doomed], None] | None = None,
+) -> int:
+    """revision_delete of every row of `queryset`, `chunk` rows a transaction, so that other
+    writers (and the indexes' readers) wait for one chunk at most, never for the whole."""
+    deleted = 0
+    model = queryset.model
+    while pks := list(queryset.order_by("pk").values_list("pk", flat=True)[:chunk]):
+        deleted += revision_delete(
+            queryset=model._default_manager.filter(pk__in=pks), tombstone=tombstone, record=record
+        )
+    return deleted
+
+
+def delete_all(queryset: QuerySet[Any], *, chunk: int) -> int:
+    """Delete every row of `queryset` (no index follows it), `chunk` rows a transaction."""
+    deleted = 0
+    model = queryset.model
+    while pks := list(queryset.order_by("pk").values_list("pk", flat=True)[:chunk]):
+        deleted += model._default_manager.filter(pk__in=pks).delete()[1].get(model._meta.label, 0)
+    return deleted
+
+
 def revision_purge_expired(
     *,
     model: type[Model],
@@ -93,12 +120,12 @@ def revision_purge_expired(
 ) -> int:
     """Delete `model`'s rows expired by `now` (an `expires_at` field), `chunk` rows a
     transaction, then the tombstones older than REPLAY_TOMBSTONE_RETENTION."""
-    deleted = 0
-    expired = model._default_manager.filter(expires_at__lte=now).order_by("pk")
-    while pks := list(expired.values_list("pk", flat=True)[:chunk]):
-        deleted += revision_delete(
-            queryset=model._default_manager.filter(pk__in=pks), tombstone=tombstone, record=record
-        )
+    deleted = revision_delete_all(
+        queryset=model._default_manager.filter(expires_at__lte=now),
+        tombstone=tombstone,
+        chunk=chunk,
+        record=record,
+    )
     horizon = now - timedelta(seconds=settings.REPLAY_TOMBSTONE_RETENTION)
     revision_purge_tombstones(
         name=tombstone.revision_counter,

@@ -112,6 +112,7 @@ CASES: dict[str, dict[str, Case]] = {
         ),
     },
     "session-close": {"post": lambda d: Request("/session/close", {"session_id": d.session_id})},
+    "agent-detail": {"delete": lambda d: Request(f"/agents/{d.agent_id}")},
     "stats": {"get": lambda d: Request("/stats")},
     "metrics": {"get": lambda d: Request("/metrics")},
 }

@@ -17,6 +17,7 @@ class AgentView(APIView):
         parameters=[AGENT_ID],
         responses={
             200: s.AgentErasureSerializer,
+            400: OpenApiResponse(description="agent_id is over 256 characters."),
             503: OpenApiResponse(description="Working memory (Redis) is down: retry later."),
         },
     )

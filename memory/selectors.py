@@ -59,7 +59,7 @@ def memory_list(
         queryset = queryset.filter(created_at__gte=filters["created_after"])
     if filters.get("created_before"):
         queryset = queryset.filter(created_at__lte=filters["created_before"])
-    for i, tag in enumerate(filters.get("tags") or []):
+    for i, tag in enumerate(tag for tag in filters.get("tags") or [] if tag):
         queryset = queryset.alias(**{f"tag_{i}": _has_tag(tag)}).filter(**{f"tag_{i}": True})
     return queryset.order_by("-created_at", "-id")
 

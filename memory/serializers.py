@@ -85,8 +85,9 @@ class MemoryListQuerySerializer(serializers.Serializer):
         choices=MemoryItem.Source.choices, required=False
     )
     sensitivity = serializers.ChoiceField(choices=MemoryItem.Sensitivity.choices, required=False)
+    # A query is read like a form: `tags=` (empty) counts as not given.
     tags = serializers.ListField(
-        child=StrictCharField(max_length=100),
+        child=StrictCharField(max_length=100, allow_blank=True),
         required=False,
         max_length=MAX_TAGS,
         help_text="Items with every tag given (repeat the parameter for several).",
@@ -106,6 +107,18 @@ def _created_range(attrs: dict[str, Any]) -> dict[str, Any]:
 
 
 class MemoryPatchSerializer(serializers.Serializer):
+    """Some fields of an item, and always the version read last."""
+
+    # DRF and drf-spectacular make a PATCH body partial (every field optional); `version` is
+    # required all the same, so this serializer is never partial.
+    @property
+    def partial(self) -> bool:
+        return False
+
+    @partial.setter
+    def partial(self, value: bool) -> None:
+        pass
+
     version = StrictIntegerField(
         min_value=1,
         max_value=MAX_COUNT,

@@ -71,7 +71,7 @@ def _instant(value: object) -> datetime:
 
 
 def _ordered_range(case: schemathesis.Case) -> bool:
-    body = case.body if isinstance(case.body, dict) else {}
+    body = case.body if isinstance(case.body, dict) else (case.query or {})
     try:
         return _instant(body["created_after"]) <= _instant(body["created_before"])
     except (KeyError, ValueError):
@@ -88,6 +88,7 @@ def _unique_ids(case: schemathesis.Case) -> bool:
 # Rules across fields, which a JSON Schema cannot state: valid cases keep to them.
 CROSS_FIELD_RULES = {
     ("POST", "/memory/search"): _ordered_range,
+    ("GET", "/memory/"): _ordered_range,
     ("POST", "/experience/"): _unique_ids,
 }
 

@@ -332,7 +332,7 @@ def _edge_filter(flt: SearchFilter) -> Any:
         must.append(FieldCondition("importance", range=RangeFloat(gte=flt.min_importance)))
     # Items that never expire carry no expires_at, and items of no sensitivity no sensitivity
     # (as every point indexed before the field existed), so they pass these must_nots.
-    must_not = [FieldCondition("expires_at", range=RangeFloat(lte=flt.now))]
+    must_not: list[Any] = [FieldCondition("expires_at", range=RangeFloat(lte=flt.now))]
     if flt.max_sensitivity:
         too_sensitive = RangeFloat(gt=sensitivity_rank(flt.max_sensitivity))
         must_not.append(FieldCondition("sensitivity", range=too_sensitive))
@@ -506,7 +506,7 @@ def _server_filter(flt: SearchFilter) -> Any:
         must.append(
             models.FieldCondition(key="importance", range=models.Range(gte=flt.min_importance))
         )
-    must_not = [models.FieldCondition(key="expires_at", range=models.Range(lte=flt.now))]
+    must_not: list[Any] = [models.FieldCondition(key="expires_at", range=models.Range(lte=flt.now))]
     if flt.max_sensitivity:
         too_sensitive = models.Range(gt=sensitivity_rank(flt.max_sensitivity))
         must_not.append(models.FieldCondition(key="sensitivity", range=too_sensitive))

@@ -21,12 +21,17 @@ from kombu.exceptions import OperationalError
 
 from ferrum_memory.core.exceptions import Conflict
 from ferrum_memory.core.renderers import json_bytes
-from ferrum_memory.core.revisions import revision_purge_tombstones, revision_take
+from ferrum_memory.core.revisions import (
+    delete_all,
+    revision_delete,
+    revision_delete_all,
+    revision_purge_expired,
+    revision_take,
+)
 
-from .models import Experience, ExperienceTombstone
+from .models import REVISION, DreamCycle, DreamCycleItem, Experience, ExperienceTombstone
 from .selectors import experience_in_bulk_by_id
 
-REVISION = "experience"
 # New items with no TD error get the buffer's max priority; an empty buffer starts here.
 INITIAL_MAX_PRIORITY = 1.0
 PURGE_CHUNK = 5_000
@@ -231,20 +236,22 @@ def experience_recompute_priority(*, queryset: QuerySet[Experience]) -> int:
     return len(rows)
 
 
-@transaction.atomic
 def experience_delete_many(*, queryset: QuerySet[Experience]) -> int:
     """Delete experiences, leaving tombstones so every replay index drops them."""
-    revision = revision_take(name=REVISION)
-    doomed = list(queryset.values_list("id", "agent_id"))
-    ExperienceTombstone.objects.bulk_create(
-        [
-            ExperienceTombstone(experience_pk=pk, agent_id=agent, revision=revision)
-            for pk, agent in doomed
-        ],
-        ignore_conflicts=True,
+    return revision_delete(queryset=queryset, tombstone=ExperienceTombstone)
+
+
+def experience_erase_agent(*, agent_id: str) -> dict[str, int]:
+    """Delete every experience of the agent (tombstones for the replay trees) and its dream
+    cycles with their draws, in chunks: complete in one call whatever the count."""
+    experiences = revision_delete_all(
+        queryset=Experience.objects.filter(agent_id=agent_id),
+        tombstone=ExperienceTombstone,
+        chunk=PURGE_CHUNK,
     )
-    Experience.objects.filter(id__in=[pk for pk, _ in doomed]).delete()
-    return len(doomed)
+    draws = delete_all(DreamCycleItem.objects.filter(cycle__agent_id=agent_id), chunk=PURGE_CHUNK)
+    cycles = delete_all(DreamCycle.objects.filter(agent_id=agent_id), chunk=PURGE_CHUNK)
+    return {"experiences": experiences, "dream_cycles": cycles, "dream_cycle_items": draws}
 
 
 class _DrawTally:
@@ -373,16 +380,9 @@ def experience_mark_sampled(*, pks: Sequence[int], at: datetime | None = None) -
 
 def experience_purge_expired(*, now: datetime | None = None) -> int:
     """Delete expired experiences in chunks, then tombstones older than the retention."""
-    now = now or timezone.now()
-    deleted = 0
-    while True:
-        chunk = Experience.objects.filter(expires_at__lte=now).order_by("id")[:PURGE_CHUNK]
-        pks = list(chunk.values_list("id", flat=True))
-        if not pks:
-            break
-        deleted += experience_delete_many(queryset=Experience.objects.filter(id__in=pks))
-    horizon = now - timedelta(seconds=settings.REPLAY_TOMBSTONE_RETENTION)
-    revision_purge_tombstones(
-        name=REVISION, tombstones=ExperienceTombstone.objects.filter(deleted_at__lt=horizon)
+    return revision_purge_expired(
+        model=Experience,
+        tombstone=ExperienceTombstone,
+        now=now or timezone.now(),
+        chunk=PURGE_CHUNK,
     )
-    return deleted

@@ -8,14 +8,16 @@ from typing import Any
 from uuid import UUID
 
 import numpy as np
-from django.db.models import Count, Q, QuerySet
+from django.db import connection
+from django.db.models import BooleanField, Count, Q, QuerySet
+from django.db.models.expressions import RawSQL
 from django.utils import timezone
 
 from ferrum_memory.core.exceptions import NotFound
 from ferrum_memory.core.telemetry import traced
 
 from .embeddings import Embedder, get_embedder, get_reranker
-from .models import MemoryItem
+from .models import MemoryEvent, MemoryItem
 from .vector_index import SearchFilter, get_vector_index
 
 # Candidates a reranker reorders, per result asked for.
@@ -35,6 +37,46 @@ def memory_get(*, point_id: UUID | str, agent_ids: Sequence[str] | None = None) 
     if item is None:
         raise NotFound(f"No memory item '{point_id}'.")
     return item
+
+
+def _has_tag(tag: str) -> RawSQL:
+    """Does the item's JSON list of tags hold `tag`? Django has no such lookup on SQLite."""
+    table = connection.ops.quote_name(MemoryItem._meta.db_table)
+    if connection.vendor == "postgresql":
+        return RawSQL(f"{table}.tags @> jsonb_build_array(%s::text)", [tag], BooleanField())
+    sql = f"EXISTS (SELECT 1 FROM json_each({table}.tags) WHERE json_each.value = %s)"
+    return RawSQL(sql, [tag], BooleanField())
+
+
+def memory_list(
+    *, agent_ids: Sequence[str] | None = None, filters: dict[str, Any]
+) -> QuerySet[MemoryItem]:
+    """An agent's live items, newest first; filters as GET /memory/ names them. Every tag
+    given must be on the item."""
+    queryset = memory_visible(agent_ids=agent_ids).defer("embedding")
+    for field in ("agent_id", "session_id", "kind", "source", "sensitivity"):
+        if filters.get(field):
+            queryset = queryset.filter(**{field: filters[field]})
+    if filters.get("created_after"):
+        queryset = queryset.filter(created_at__gte=filters["created_after"])
+    if filters.get("created_before"):
+        queryset = queryset.filter(created_at__lte=filters["created_before"])
+    for i, tag in enumerate(tag for tag in filters.get("tags") or [] if tag):
+        queryset = queryset.alias(**{f"tag_{i}": _has_tag(tag)}).filter(**{f"tag_{i}": True})
+    return queryset.order_by("-created_at", "-id")
+
+
+def memory_history(
+    *, point_id: UUID | str, agent_ids: Sequence[str] | None = None
+) -> QuerySet[MemoryEvent]:
+    """Every event of an item, oldest first, also once it is deleted; NotFound when there is
+    none the caller may see."""
+    events = MemoryEvent.objects.filter(point_id=point_id)
+    if agent_ids is not None:
+        events = events.filter(agent_id__in=agent_ids)
+    if not events.exists():
+        raise NotFound(f"No memory item '{point_id}' has a history.")
+    return events.order_by("id")
 
 
 def _live(item: MemoryItem, now: datetime) -> bool:

@@ -30,11 +30,10 @@ from ferrum_memory.core.revisions import revision_changes
 from ferrum_memory.core.telemetry import index_catch_up, traced
 
 from .embeddings import SparseVector, get_embedder
-from .models import MemoryItem, MemoryTombstone, VectorIndexCursor, sensitivity_rank
+from .models import REVISION, MemoryItem, MemoryTombstone, VectorIndexCursor, sensitivity_rank
 
 logger = logging.getLogger(__name__)
 
-REVISION = "memory"
 DENSE, SPARSE = "dense", "bm25"
 # Hybrid search pools each mode's top PREFETCH candidates, scores every pooled item by both
 # modes (an item sharing no term with the query scores 0 in BM25) and ranks by the sum of the

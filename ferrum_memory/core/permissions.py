@@ -1,5 +1,6 @@
 from typing import TYPE_CHECKING
 
+from django.http import HttpRequest
 from rest_framework import exceptions, permissions
 from rest_framework.request import Request
 
@@ -37,3 +38,14 @@ def ensure_agent_allowed(request: Request, agent_id: str) -> None:
     allowed = allowed_agent_ids(request)
     if allowed is not None and agent_id not in allowed:
         raise exceptions.PermissionDenied(f"This API key may not use agent '{agent_id}'.")
+
+
+def actor_name(request: Request) -> str:
+    """Who makes a change, for histories and erasure records: the API key's name."""
+    api_key = request.auth
+    return api_key.name if isinstance(api_key, ApiKey) else ""
+
+
+def admin_actor(request: HttpRequest) -> str:
+    """The admin user who makes a change, as histories and erasure records name them."""
+    return f"admin:{request.user.get_username()}"

@@ -69,6 +69,7 @@ INSTALLED_APPS = [
     "memory",
     "experience",
     "sessions.apps.SessionsConfig",
+    "agents",
 ]
 
 MIDDLEWARE = [
@@ -127,7 +128,10 @@ else:
                 # WAL lets the web, worker and beat processes read while one of them writes;
                 # IMMEDIATE takes the write lock up front, so concurrent writers wait (up to
                 # the timeout) instead of failing with "database is locked" mid-transaction.
-                "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
+                # secure_delete: a deleted row's bytes are overwritten with zeros, so that an
+                # erased agent's content is not left in free pages of the file (agents app).
+                "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL; "
+                "PRAGMA secure_delete=ON;",
                 "transaction_mode": "IMMEDIATE",
                 "timeout": 20,
             },
@@ -243,6 +247,7 @@ SPECTACULAR_SETTINGS = {
         "MemoryKindEnum": "memory.models.MemoryItem.Kind",
         "MemorySourceEnum": "memory.models.MemoryItem.Source",
         "MemorySensitivityEnum": "memory.models.MemoryItem.Sensitivity",
+        "MemoryEventKindEnum": "memory.models.MemoryEvent.Kind",
     },
 }
 

@@ -71,6 +71,7 @@ CASES: dict[str, dict[str, Case]] = {
     "memory-search": {
         "post": lambda d: Request("/memory/search", {"agent_id": d.agent_id, "query": "fact"})
     },
+    "memory-list": {"get": lambda d: Request("/memory/", {"agent_id": d.agent_id})},
     "memory-context": {
         "post": lambda d: Request(
             "/memory/context",
@@ -84,8 +85,10 @@ CASES: dict[str, dict[str, Case]] = {
     },
     "memory-detail": {
         "get": lambda d: Request(f"/memory/{d.point_id}"),
+        "patch": lambda d: Request(f"/memory/{d.point_id}", {"version": 1, "importance": 0.9}),
         "delete": lambda d: Request(f"/memory/{d.point_id}"),
     },
+    "memory-history": {"get": lambda d: Request(f"/memory/{d.point_id}/history")},
     "memory-compress": {
         "post": lambda d: Request(f"/memory/compress?session_id={d.session_id}"),
     },
@@ -122,6 +125,7 @@ CASES: dict[str, dict[str, Case]] = {
         ),
     },
     "session-close": {"post": lambda d: Request("/session/close", {"session_id": d.session_id})},
+    "agent-detail": {"delete": lambda d: Request(f"/agents/{d.agent_id}")},
     "stats": {"get": lambda d: Request("/stats")},
     "metrics": {"get": lambda d: Request("/metrics")},
 }

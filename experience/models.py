@@ -1,6 +1,11 @@
 from django.db import models
 from django.db.models import Q
 
+from ferrum_memory.core.models import Tombstone
+
+# The revision counter of every write the replay index follows (ferrum_memory.core.revisions).
+REVISION = "experience"
+
 
 class Experience(models.Model):
     """One experience tuple (task, tool_calls, test_result, reward) in the replay buffer.
@@ -49,16 +54,12 @@ class Experience(models.Model):
         return self.experience_id
 
 
-class ExperienceTombstone(models.Model):
+class ExperienceTombstone(Tombstone):
     """A deleted experience, kept until every replay index has had time to drop it."""
 
-    experience_pk = models.BigIntegerField(primary_key=True)
-    agent_id = models.CharField(max_length=256)
-    revision = models.BigIntegerField(db_index=True)
-    deleted_at = models.DateTimeField(auto_now_add=True)
+    revision_counter = REVISION
 
-    def __str__(self) -> str:
-        return f"tombstone {self.experience_pk}@{self.revision}"
+    experience_pk = models.BigIntegerField(primary_key=True)
 
 
 class ReplaySettings(models.Model):

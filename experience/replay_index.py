@@ -18,10 +18,9 @@ from ferrum_memory.core.db_functions import EpochSeconds
 from ferrum_memory.core.revisions import revision_changes
 from ferrum_memory.core.telemetry import index_catch_up
 
-from .models import Experience, ExperienceTombstone
+from .models import REVISION, Experience, ExperienceTombstone
 from .sumtree import Float64Array, Int64Array, PriorityIndex, importance_weights, sample_weights
 
-REVISION = "experience"
 ALL_AGENTS = ""  # the buffer key of the tree over every agent
 PAYLOAD = ("created", "expires")
 # Times as epoch seconds computed by the DB: parsing 10^6 timestamps into datetimes in Python

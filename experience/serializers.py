@@ -15,9 +15,17 @@ from django.utils import timezone
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 from rest_framework.exceptions import ValidationError
-from rest_framework.validators import ProhibitSurrogateCharactersValidator
 
-from ferrum_memory.core.renderers import json_bytes
+from ferrum_memory.core.fields import (
+    MAX_COUNT,
+    MAX_KEEP_SECONDS,
+    StrictCharField,
+    StrictFloatField,
+    StrictIntegerField,
+    finite_number,
+    json_size_validator,
+    surrogate_error,
+)
 
 from .models import Experience
 from .selectors import ExperienceRow
@@ -34,88 +42,7 @@ MAX_BATCH = 1_000
 MAX_TD_UPDATES = 10_000
 MAX_REPLAY_BATCH = 4_096
 MAX_WAIT_MS = 10_000
-# A count's largest value: a 64-bit integer (orjson reads a larger one as a float).
-MAX_COUNT = 2**63 - 1
-# The longest ttl_seconds of a stored item (0 is forever): a century, so now + ttl is a date.
-MAX_KEEP_SECONDS = 100 * 365 * 86_400
 STRATEGIES = ("prioritized", "recency", "uniform")
-
-
-def finite_number(data: Any) -> float | None:
-    """The float a JSON number stands for, or None for a string, a boolean, NaN or infinity."""
-    if isinstance(data, bool) or not isinstance(data, int | float):
-        return None
-    try:
-        number = float(data)
-    except OverflowError:  # an integer too large for a float
-        return None
-    return number if math.isfinite(number) else None
-
-
-class StrictFloatField(serializers.FloatField):
-    """A JSON number that is finite: no strings, booleans, NaN or infinity."""
-
-    default_error_messages = {
-        "invalid": "A finite number is required.",
-    }
-
-    def to_internal_value(self, data: Any) -> float:
-        if finite_number(data) is None:
-            self.fail("invalid")
-        return super().to_internal_value(data)
-
-
-class StrictIntegerField(serializers.IntegerField):
-    default_error_messages = {"invalid": "An integer is required."}
-
-    def to_internal_value(self, data: Any) -> int:
-        if isinstance(data, bool) or not isinstance(data, int):
-            self.fail("invalid")
-        return super().to_internal_value(data)
-
-
-def _surrogate_error(value: str) -> str | None:
-    """DRF's ProhibitSurrogateCharactersValidator message, or None, at C speed: DRF walks the
-    text character by character in Python (60 ms of validating 1,000 experiences)."""
-    if not value.isascii():
-        try:
-            value.encode()  # fails at the first lone surrogate, and only there
-        except UnicodeEncodeError as exc:
-            return f"Surrogate characters are not allowed: U+{ord(value[exc.start]):X}."
-    return None
-
-
-def reject_surrogates(value: str) -> None:
-    if message := _surrogate_error(value):
-        raise ValidationError(message)
-
-
-class CharField(serializers.CharField):
-    """DRF's CharField, with reject_surrogates for its surrogate check, that takes a JSON string
-    only (DRF turns a number into its text), as the schema says."""
-
-    default_error_messages = {"invalid": "A string is required."}
-
-    def __init__(self, **kwargs: Any) -> None:
-        super().__init__(**kwargs)
-        self.validators = [
-            reject_surrogates if isinstance(v, ProhibitSurrogateCharactersValidator) else v
-            for v in self.validators
-        ]
-
-    def to_internal_value(self, data: Any) -> str:
-        if not isinstance(data, str):
-            self.fail("invalid")
-        return super().to_internal_value(data)
-
-
-def json_size_validator(limit: int) -> Any:
-    def validate(value: Any) -> None:
-        # Compact UTF-8 bytes (json.dumps counted spaces and a \uXXXX escape per non-ASCII char).
-        if len(json_bytes(value)) > limit:
-            raise serializers.ValidationError(f"At most {limit} bytes of JSON.")
-
-    return validate
 
 
 # A RegexValidator, so the OpenAPI schema shows the pattern.
@@ -130,10 +57,12 @@ def validate_experience_id(value: str) -> None:
 
 
 class ToolCallRecordSerializer(serializers.Serializer):
-    name = CharField(max_length=256)
+    name = StrictCharField(max_length=256)
     arguments = serializers.JSONField(default=dict)
     output = serializers.JSONField(default=None, allow_null=True)
-    error = CharField(max_length=MAX_TEXT_CHARS, allow_null=True, allow_blank=True, default=None)
+    error = StrictCharField(
+        max_length=MAX_TEXT_CHARS, allow_null=True, allow_blank=True, default=None
+    )
     duration_ms = StrictFloatField(min_value=0, allow_null=True, default=None)
 
 
@@ -146,7 +75,7 @@ class TestResultSerializer(serializers.Serializer):
     errors = StrictIntegerField(  # type: ignore[assignment]
         min_value=0, max_value=MAX_COUNT, default=0
     )
-    output = CharField(max_length=MAX_TEXT_CHARS, allow_blank=True, default="")
+    output = StrictCharField(max_length=MAX_TEXT_CHARS, allow_blank=True, default="")
     duration_ms = StrictFloatField(min_value=0, allow_null=True, default=None)
 
     def to_internal_value(self, data: Any) -> Any:
@@ -174,7 +103,7 @@ def _text(
     null: bool = False,
     validators: tuple[Callable[[str], None], ...] = (),
 ) -> Callable[[Any], Any]:
-    """Our CharField's rules: a JSON string only, whitespace trimmed; `validators` (the
+    """StrictCharField's rules: a JSON string only, whitespace trimmed; `validators` (the
     field's own) run before the built-in ones and every error is reported, as in DRF."""
 
     def check(value: Any) -> str | None:
@@ -183,7 +112,7 @@ def _text(
                 return None
             raise ValidationError(["This field may not be null."])
         if not isinstance(value, str):
-            raise ValidationError([CharField.default_error_messages["invalid"]])
+            raise ValidationError([StrictCharField.default_error_messages["invalid"]])
         text = value.strip()
         if not text:
             if blank:
@@ -201,7 +130,7 @@ def _text(
             errors.append(f"Ensure this field has no more than {max_length} characters.")
         if "\x00" in text:
             errors.append("Null characters are not allowed.")
-        if surrogate := _surrogate_error(text):
+        if surrogate := surrogate_error(text):
             errors.append(surrogate)
         if errors:
             raise ValidationError(errors)
@@ -383,15 +312,15 @@ class ExperienceInSerializer(serializers.Serializer):
     # The fields declare the rules and the schema; to_internal_value applies them in plain
     # Python (DRF's per-field machinery was 70 ms of validating 1,000 experiences). A test
     # holds the two to the same results and errors.
-    id = CharField(
+    id = StrictCharField(
         max_length=256,
         required=False,
         validators=[validate_experience_id_pattern, validate_experience_id],
         help_text="Your id for this experience; sending it again returns the stored one.",
     )
-    agent_id = CharField(max_length=256)
-    session_id = CharField(max_length=256, required=False, allow_blank=True)
-    task = CharField(max_length=MAX_TASK_CHARS)
+    agent_id = StrictCharField(max_length=256)
+    session_id = StrictCharField(max_length=256, required=False, allow_blank=True)
+    task = StrictCharField(max_length=MAX_TASK_CHARS)
     tool_calls = ToolCallsField(required=False, validators=[json_size_validator(MAX_JSON_BYTES)])
     test_result = TestResultField(required=False, allow_null=True)
     reward = StrictFloatField()
@@ -514,7 +443,7 @@ class ExperienceBatchOutSerializer(serializers.Serializer):
 
 
 class TdErrorUpdateSerializer(serializers.Serializer):
-    experience_id = CharField(max_length=256)
+    experience_id = StrictCharField(max_length=256)
     td_error = StrictFloatField()
 
 
@@ -583,13 +512,13 @@ REMOVERS = ("fifo", "lowest_priority")
 
 class ReplaySettingsQuerySerializer(serializers.Serializer):
     # Not trimmed, so that the maxLength the schema states holds of the value as sent.
-    agent_id = CharField(max_length=256, trim_whitespace=False)
+    agent_id = StrictCharField(max_length=256, trim_whitespace=False)
 
 
 class ReplaySettingsInSerializer(serializers.Serializer):
     """PUT /experience/settings: each setting left out takes its default (REPLAY_*)."""
 
-    agent_id = CharField(max_length=256, trim_whitespace=False)
+    agent_id = StrictCharField(max_length=256, trim_whitespace=False)
     max_size = StrictIntegerField(
         min_value=0, max_value=MAX_COUNT, required=False, help_text="Capacity; 0: none."
     )

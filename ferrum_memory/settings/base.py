@@ -69,6 +69,7 @@ INSTALLED_APPS = [
     "memory",
     "experience",
     "sessions.apps.SessionsConfig",
+    "agents",
 ]
 
 MIDDLEWARE = [
@@ -127,7 +128,10 @@ else:
                 # WAL lets the web, worker and beat processes read while one of them writes;
                 # IMMEDIATE takes the write lock up front, so concurrent writers wait (up to
                 # the timeout) instead of failing with "database is locked" mid-transaction.
-                "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
+                # secure_delete: a deleted row's bytes are overwritten with zeros, so that an
+                # erased agent's content is not left in free pages of the file (agents app).
+                "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL; "
+                "PRAGMA secure_delete=ON;",
                 "transaction_mode": "IMMEDIATE",
                 "timeout": 20,
             },
@@ -192,6 +196,10 @@ FASTEMBED_RERANK_MODEL = env.str("FASTEMBED_RERANK_MODEL", default="")
 FASTEMBED_RERANK_MODEL_PATH = env.str("FASTEMBED_RERANK_MODEL_PATH", default="")
 # Cosine similarity from which a new memory of the same agent is merged into an existing one.
 MEMORY_NEAR_DUPLICATE = env.float("MEMORY_NEAR_DUPLICATE", default=0.95)
+# POST /memory/context: the tokenizer that counts its budget (memory.tokens), and the default
+# relevance below which a memory is left out of a context (calibrated by bench/context.py).
+CONTEXT_TOKENIZER = env.str("CONTEXT_TOKENIZER", default="o200k_base")
+CONTEXT_MIN_RELEVANCE = env.float("CONTEXT_MIN_RELEVANCE", default=0.5)
 DEFAULT_MEMORY_TTL = env.int("DEFAULT_MEMORY_TTL", default=0)
 DEFAULT_REPLAY_TTL = env.int("DEFAULT_REPLAY_TTL", default=86400)
 DEFAULT_WORKING_MEM_TTL = env.int("DEFAULT_WORKING_MEM_TTL", default=86400)
@@ -238,6 +246,8 @@ SPECTACULAR_SETTINGS = {
         "StatusEnum": ["ok", "error"],
         "MemoryKindEnum": "memory.models.MemoryItem.Kind",
         "MemorySourceEnum": "memory.models.MemoryItem.Source",
+        "MemorySensitivityEnum": "memory.models.MemoryItem.Sensitivity",
+        "MemoryEventKindEnum": "memory.models.MemoryEvent.Kind",
     },
 }
 

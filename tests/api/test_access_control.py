@@ -31,6 +31,8 @@ PUBLIC = {"health", "openapi", "docs"}
 # Writes that only a key not limited to agents may make (an operator's, not an agent's).
 UNRESTRICTED_ONLY = {("experience-settings", "put")}
 WRITE_METHODS = {"post", "put", "patch", "delete"}
+# POSTs that only read (their query is a body): a read-only key may send them.
+READ_POSTS = {("memory-search", "post"), ("memory-context", "post")}
 
 
 @dataclass
@@ -71,10 +73,24 @@ CASES: dict[str, dict[str, Case]] = {
     "memory-search": {
         "post": lambda d: Request("/memory/search", {"agent_id": d.agent_id, "query": "fact"})
     },
+    "memory-list": {"get": lambda d: Request("/memory/", {"agent_id": d.agent_id})},
+    "memory-context": {
+        "post": lambda d: Request(
+            "/memory/context",
+            {
+                "agent_id": d.agent_id,
+                "query": "fact",
+                "token_budget": 200,
+                "session_id": d.session_id,
+            },
+        )
+    },
     "memory-detail": {
         "get": lambda d: Request(f"/memory/{d.point_id}"),
+        "patch": lambda d: Request(f"/memory/{d.point_id}", {"version": 1, "importance": 0.9}),
         "delete": lambda d: Request(f"/memory/{d.point_id}"),
     },
+    "memory-history": {"get": lambda d: Request(f"/memory/{d.point_id}/history")},
     "memory-compress": {
         "post": lambda d: Request(f"/memory/compress?session_id={d.session_id}"),
     },
@@ -115,6 +131,7 @@ CASES: dict[str, dict[str, Case]] = {
         ),
     },
     "session-close": {"post": lambda d: Request("/session/close", {"session_id": d.session_id})},
+    "agent-detail": {"delete": lambda d: Request(f"/agents/{d.agent_id}")},
     "stats": {"get": lambda d: Request("/stats")},
     "metrics": {"get": lambda d: Request("/metrics")},
 }
@@ -251,7 +268,10 @@ def test_a_key_limited_to_one_agent_never_reaches_another_agents_data(seeded, na
     assert 200 <= own.status_code < 300, own.content
 
 
-@pytest.mark.parametrize(("name", "method"), [r for r in guarded_routes() if r[1] in WRITE_METHODS])
+@pytest.mark.parametrize(
+    ("name", "method"),
+    [r for r in guarded_routes() if r[1] in WRITE_METHODS and r not in READ_POSTS],
+)
 def test_a_read_only_key_cannot_write(seeded, name, method):
     client = client_for(api_key_create(name="ro", read_only=True)[1])
     before = {agent: other_agents_rows(agent) for agent in (OWN, OTHER)}
@@ -262,7 +282,9 @@ def test_a_read_only_key_cannot_write(seeded, name, method):
     assert {agent: other_agents_rows(agent) for agent in (OWN, OTHER)} == before
 
 
-@pytest.mark.parametrize(("name", "method"), [r for r in guarded_routes() if r[1] == "get"])
+@pytest.mark.parametrize(
+    ("name", "method"), [r for r in guarded_routes() if r[1] == "get" or r in READ_POSTS]
+)
 def test_a_read_only_key_can_read(seeded, name, method):
     client = client_for(api_key_create(name="ro", read_only=True)[1])
     response = send(client, method, CASES[name][method](seeded[OWN]))

@@ -665,3 +665,18 @@ def test_experience_admin_filters_retired_items(admin_client):
     assert retired.experience_id in page and other.experience_id not in page
     page = admin_client.get("/admin/experience/experience/?retired=no").content.decode()
     assert other.experience_id in page
+
+
+def test_erasing_the_agent_erases_its_replay_settings_counters_and_snapshots():
+    from experience.models import ReplaySnapshot
+    from experience.replay_services import replay_snapshot_take
+    from experience.services import experience_erase_agent
+
+    controls(max_size=10)
+    stock(AGENT, 2)
+    stock("other", 1)
+    replay_snapshot_take()
+    experience_erase_agent(agent_id=AGENT)
+    for model in (ReplaySettings, ReplayState, ReplaySnapshot):
+        assert not model.objects.filter(agent_id=AGENT).exists()
+    assert ReplayState.objects.filter(agent_id="other").exists()

@@ -84,13 +84,12 @@ class ReplayIndex:
             self.cursor = -1
 
     @index_catch_up(REVISION)
-    def _catch_up(self, through: int | None = None) -> None:
+    def _catch_up(self) -> None:
         changes = revision_changes(
             name=REVISION,
             cursor=self.cursor,
             rows=Experience.objects.all(),
             tombstones=ExperienceTombstone.objects.all(),
-            through=through,
         )
         if changes is None:
             return
@@ -170,18 +169,17 @@ class ReplayIndex:
         stratified: bool = False,
         now: float | None = None,
         allowance: Allowance | None = None,
-        through: int | None = None,
     ) -> ReplaySample:
         """Draw `batch_size` keys with replacement, with their probabilities and IS weights.
 
         With `allowance` (the sampling cap) no key is drawn more often than it allows: a draw
         that uses up a key's allowance retires it, and the rest of the batch is drawn from the
         buffer without it (so each draw's probability and weight are those of the buffer it
-        was drawn from). The caller holds the write lock then, and passes `through`."""
+        was drawn from). The caller holds the revision lock then (revision_lock)."""
         now = time.time() if now is None else now
         name = agent_id or ALL_AGENTS
         with self._lock:
-            self._catch_up(through)
+            self._catch_up()
             buffer = self._buffers.get(name)
             if buffer is not None:
                 self._drop_expired(name, now)

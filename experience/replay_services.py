@@ -26,7 +26,7 @@ from django.db.models import Count, ExpressionWrapper, F, FloatField, Value
 from django.utils import timezone
 
 from ferrum_memory.core.exceptions import Conflict, ServiceError, TooManyRequests
-from ferrum_memory.core.revisions import revision_take
+from ferrum_memory.core.revisions import revision_lock, revision_take
 
 from .models import Experience, ReplaySettings, ReplaySnapshot, ReplayState
 from .replay_index import get_replay_index
@@ -182,6 +182,11 @@ def replay_draw(
         return batch
     controls = replay_controls_get(agent_id=agent_id)
     alpha = controls.alpha if alpha is None else alpha
+    if controls.capped and transaction.get_connection().in_atomic_block:
+        # The caller's transaction (a dream cycle) would hold the grant's row lock on the
+        # agent's state into the capped draw's revision lock: take the revision lock first,
+        # in the order inserts take them (the counter, then the state), so no two deadlock.
+        revision_lock(name=REVISION)
     if controls.limited:
         replay_limiter_acquire(controls=controls, count=batch_size, wait_ms=wait_ms)
     try:
@@ -222,23 +227,25 @@ def _draw_capped(
     now: datetime | None,
     params: dict[str, Any],
 ) -> ReplayBatch:
-    """Sample, count and retire in one transaction that holds the experience revision: every
-    write that retired an item before has committed, and none can until this one does."""
+    """Sample, count and retire in one transaction that holds the experience revision lock:
+    every write that retired an item before has committed, and none can until this one does.
+    A revision is taken only when the draw retires something (other processes' indexes then
+    drop it); a draw that retires nothing leaves them nothing to catch up on."""
     now = now or timezone.now()
     index = get_replay_index()
     try:
         with transaction.atomic():
-            revision = revision_take(name=REVISION)
+            revision_lock(name=REVISION)
             batch = replay_sample(
                 agent_id=controls.agent_id,
                 batch_size=batch_size,
                 alpha=alpha,
                 allowance=_allowance(controls.max_times_sampled),
-                through=revision - 1,
                 **params,
             )
             experience_mark_sampled(pks=[item.experience.pk for item in batch.items], at=now)
             if batch.retired:
+                revision = revision_take(name=REVISION)
                 retired = Experience.objects.filter(id__in=batch.retired, retired_at=None)
                 count = retired.update(retired_at=now, revision=revision)
                 ReplayState.objects.filter(agent_id=controls.agent_id).update(

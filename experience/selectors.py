@@ -306,12 +306,11 @@ def replay_sample(
     min_size: int = 1,
     stratified: bool = False,
     allowance: Allowance | None = None,
-    through: int | None = None,
 ) -> ReplayBatch:
     """Draw a batch with replacement from the live replay index (caught up with the DB first).
 
     Raises Conflict (409) when the buffer holds fewer than `min_size` sampleable experiences.
-    `allowance` and `through`: the sampling cap's draw (replay_services.replay_draw).
+    `allowance`: the sampling cap's draw (replay_services.replay_draw).
     """
     rng = np.random.default_rng(seed)
     try:
@@ -327,7 +326,6 @@ def replay_sample(
             min_size=min_size,
             stratified=stratified,
             allowance=allowance,
-            through=through,
         )
     except BufferTooSmall as exc:
         scope = f"agent '{agent_id}'" if agent_id else "the buffer"

@@ -26,6 +26,21 @@ def revision_take(*, name: str) -> int:
     return RevisionCounter.objects.values_list("value", flat=True).get(name=name)
 
 
+def revision_lock(*, name: str) -> None:
+    """Hold counter `name`'s row lock for the rest of the current transaction without taking
+    a revision: its writers wait until this transaction ends, and every write before it has
+    committed. A reader that must see the latest state and write only sometimes (a capped
+    replay draw) takes this first, then revision_take if it does write."""
+    if not transaction.get_connection().in_atomic_block:
+        raise RuntimeError("revision_lock() must run inside a transaction")
+    # SQLite runs every write transaction IMMEDIATE (settings): it holds the database's write
+    # lock already, and Django skips FOR UPDATE there.
+    locked = RevisionCounter.objects.select_for_update().filter(name=name).values_list("pk")
+    if not list(locked):
+        RevisionCounter.objects.get_or_create(name=name)
+        list(locked)
+
+
 def revision_state(*, name: str) -> tuple[int, int]:
     """(current revision, purged_through) of counter `name`; (0, 0) before its first write.
 
@@ -146,12 +161,7 @@ class ChangeSet:
 
 
 def revision_changes(
-    *,
-    name: str,
-    cursor: int,
-    rows: QuerySet[Any],
-    tombstones: QuerySet[Any],
-    through: int | None = None,
+    *, name: str, cursor: int, rows: QuerySet[Any], tombstones: QuerySet[Any]
 ) -> ChangeSet | None:
     """The changes after `cursor` (an index's last applied revision; -1 when never built), or
     None when there are none. Both querysets need a `revision` field.
@@ -159,12 +169,8 @@ def revision_changes(
     `upper` is a committed revision, so every revision up to it is committed too: reading
     (cursor, upper] never skips a write that commits later with a smaller revision. A cursor
     behind the purged tombstones, or ahead of the DB (a restored or reset DB), means rebuild.
-    A writer catching up inside its own transaction passes `through`, the revision it took
-    minus one: the counter it reads is its own, not yet committed.
     """
     upper, purged_through = revision_state(name=name)
-    if through is not None:
-        upper = through
     if cursor < 0 or cursor < purged_through or upper < cursor:
         return ChangeSet(upper, True, rows.filter(revision__lte=upper), tombstones.none())
     if upper == cursor:

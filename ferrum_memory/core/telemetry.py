@@ -167,10 +167,10 @@ def index_catch_up(revision: str) -> Callable[[F], F]:
         attributes = {"index": revision}
 
         @functools.wraps(function)
-        def wrapper(index: Any, *args: Any, **kwargs: Any) -> Any:
+        def wrapper(index: Any) -> Any:
             with _span("index.catch_up", attributes):
                 try:
-                    result = function(index, *args, **kwargs)
+                    result = function(index)
                 except BaseException:
                     _record_lag(revision, index)
                     raise

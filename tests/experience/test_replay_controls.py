@@ -680,3 +680,26 @@ def test_erasing_the_agent_erases_its_replay_settings_counters_and_snapshots():
     for model in (ReplaySettings, ReplayState, ReplaySnapshot):
         assert not model.objects.filter(agent_id=AGENT).exists()
     assert ReplayState.objects.filter(agent_id="other").exists()
+
+
+def test_a_capped_draw_takes_a_revision_only_when_it_retires_something():
+    from ferrum_memory.core.revisions import revision_state
+
+    controls(max_times_sampled=100)
+    stock(AGENT, 3)
+    before = revision_state(name="experience")[0]
+    draw(batch_size=4)
+    assert revision_state(name="experience")[0] == before  # counted, nothing to catch up on
+    controls(max_times_sampled=1)
+    draw(batch_size=1)
+    assert revision_state(name="experience")[0] == before + 1
+
+
+@pytest.mark.usefixtures("dream_settings")
+def test_a_dream_cycle_of_a_capped_and_limited_agent_counts_exactly():
+    controls(max_times_sampled=2, samples_per_insert=4.0)
+    rows = stock(AGENT, 4)
+    cycle = dream_cycle_run(agent_id=AGENT, seed=2)  # 8 draws: each item exactly twice
+    drawn = Counter(cycle.items.values_list("experience_pk", flat=True))
+    assert drawn == {row.pk: 2 for row in rows}
+    assert db_state().samples == 8 and db_state().retired == 4

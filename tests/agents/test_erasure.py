@@ -17,7 +17,6 @@ from rest_framework.test import APIClient
 from agents.models import AgentErasure
 from experience.dream_services import dream_cycle_claim, dream_cycle_run
 from experience.models import DreamCycle, Experience
-from experience.replay_index import reset_replay_index
 from ferrum_memory.core.services import api_key_create
 from memory.models import MemoryEvent, MemoryItem
 from memory.services import reset_model_check
@@ -37,7 +36,6 @@ def engines(request, settings, tmp_path):
     settings.DREAM_MIN_EXPERIENCES = 1
     settings.DREAM_MAX_PENDING = 0
     reset_vector_index()
-    reset_replay_index()  # one an earlier test built may hold a cursor past this test's DB
     reset_model_check()
     reset_working_memory()
     yield tmp_path

@@ -54,7 +54,7 @@ def nothing(response: httpx.Response) -> None:
 
 def present(**fields: Any) -> dict[str, Any]:
     """The arguments that were given (None means: leave it to the service's default), as JSON."""
-    return {k: to_jsonable_python(v) for k, v in fields.items() if v is not None}
+    return {k: to_jsonable_python(v, exclude_none=True) for k, v in fields.items() if v is not None}
 
 
 @dataclass(frozen=True)

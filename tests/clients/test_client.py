@@ -130,7 +130,7 @@ def test_memory_round_trip(client, agent_id):
 
 def test_bad_input_raises_with_the_field_errors(client, agent_id):
     with pytest.raises(BadRequestError) as bad:
-        client.memory_search(agent_id=agent_id, query="x", limit=10_000, mode="fuzzy")  # type: ignore[arg-type]
+        client.memory_search(agent_id=agent_id, query="x", limit=10_000, mode="fuzzy")
     assert bad.value.status == 400
     assert set(bad.value.field_errors) == {"limit", "mode"}
     assert "limit" in bad.value.message

@@ -102,7 +102,7 @@ def test_a_connection_that_never_opened_is_retried_for_any_call():
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         closed = sock.getsockname()[1]  # nothing listens once the socket is closed
-    attempts = []
+    attempts: list[httpx.Request] = []
     http = httpx.Client(event_hooks={"request": [attempts.append]})
     with Client("key", f"http://127.0.0.1:{closed}", retry=FAST_RETRY, http_client=http) as ferrum:
         with pytest.raises(APIConnectionError) as refused:

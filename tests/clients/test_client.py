@@ -18,6 +18,7 @@ from ferrum_memory_client import (
 )
 from ferrum_memory_client import models as m
 from ferrum_memory_client._base import Operation
+from pydantic import TypeAdapter
 
 from .conftest import FAST_RETRY
 
@@ -52,6 +53,51 @@ def test_the_client_has_a_method_for_every_operation_of_the_served_schema(server
     declared = {(op.method, op.path) for op in _operations().values()}
     assert served - declared == set(), "operations the client lacks"
     assert declared - served == set(), "client methods for operations the service does not have"
+
+
+# Each result model and the schema component it reads.
+MODELS = {
+    m.BackendStatus: "BackendStatus",
+    m.Health: "Health",
+    m.MemoryItem: "MemoryOut",
+    m.StoredMemory: "StoredMemory",
+    m.StoredMemoryBatch: "StoredMemoryBatch",
+    m.MemoryHit: "MemoryHit",
+    m.MemorySearchResult: "MemorySearchOut",
+    m.Message: "Message",
+    m.WorkingMemoryState: "WorkingMemoryState",
+    m.Consolidation: "Consolidation",
+    m.ToolCall: "ToolCallRecord",
+    m.TestResult: "TestResult",
+    m.Experience: "ExperienceOut",
+    m.ExperienceCreatedItem: "ExperienceCreatedItem",
+    m.ExperienceBatch: "ExperienceBatchOut",
+    m.ExperiencePage: "PaginatedExperienceOutList",
+    m.TdErrorResult: "TdErrorResult",
+    m.ReplayItem: "ReplayItem",
+    m.ReplayBatch: "ReplayOut",
+    m.DreamCycle: "DreamCycle",
+    m.DreamCycleItem: "DreamCycleItem",
+    m.DreamCycleDetail: "DreamCycleDetail",
+    m.ClaimedDreamCycle: "DreamCycleClaimed",
+    m.DreamCyclePage: "PaginatedDreamCycleList",
+    m.DreamCompletion: "DreamCompletion",
+}
+
+
+@pytest.mark.parametrize(("model", "component"), MODELS.items(), ids=MODELS.values())
+def test_each_result_model_reads_what_the_schema_says(server, model, component):
+    """Every field of the component is typed in the model; one the service may leave out or
+    send as null is optional in the model, so no valid answer fails to parse."""
+    schema = httpx.get(f"{server.base_url}/openapi.json").json()["components"]["schemas"]
+    properties, required = schema[component]["properties"], set(schema[component]["required"])
+    assert set(model.model_fields) == set(properties)
+    for name, spec in properties.items():
+        field = model.model_fields[name]
+        if name not in required:
+            assert not field.is_required(), name
+        if spec.get("nullable"):
+            assert TypeAdapter(field.annotation).validate_python(None) is None, name
 
 
 def test_sync_and_async_clients_have_the_same_methods():
@@ -200,7 +246,7 @@ def test_experiences(client, agent_id):
     )
     assert isinstance(one, m.Experience)
     assert len(one.id) == 32  # made by the client
-    assert one.test_result.passed is True
+    assert one.test_result is not None and one.test_result.passed is True
     assert one.tool_calls[0].name == "search_flights"
     batch = client.experience_record_many(items=[_experience(agent_id, n) for n in range(2, 7)])
     assert (batch.created, batch.existing) == (5, 0)

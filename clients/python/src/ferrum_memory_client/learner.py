@@ -54,9 +54,7 @@ class DreamBatch:
             cycle=cycle,
             experience_ids=np.array([item.experience_id for item in items], dtype=np.str_),
             rewards=np.array([e.reward if e else np.nan for e in experiences], dtype=np.float64),
-            passed=np.array(
-                [bool(e and e.test_result.passed) for e in experiences], dtype=np.bool_
-            ),
+            passed=np.array([bool(e and e.passed) for e in experiences], dtype=np.bool_),
             weights=np.array([item.weight for item in items], dtype=np.float64),
             probabilities=np.array([item.probability for item in items], dtype=np.float64),
             experiences=experiences,

@@ -113,7 +113,7 @@ def build_server(client: AsyncClient, *, agent_id: str) -> Any:
     async def forget(
         point_id: Annotated[str, Field(description="The point_id that remember or recall gave.")],
     ) -> str:
-        """Delete one memory for good."""
+        """Delete one memory for good: one that is wrong or no longer true."""
         await _service(client.memory_delete(point_id=point_id))
         return f"Forgot {point_id}."
 

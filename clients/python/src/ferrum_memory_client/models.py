@@ -137,7 +137,7 @@ class Consolidation(Model):
     status: str | None = None
     reason: str
     task_id: str
-    summary_item_id: str
+    summary_item_id: str | None
     summary: str | None = None
     memory_item_ids: list[str]
     attempts: int | None = None
@@ -154,7 +154,7 @@ class Experience(Model):
     session_id: str | None = None
     task: str
     tool_calls: list[ToolCall]
-    test_result: TestResult
+    test_result: TestResult | None
     passed: bool | None = None
     reward: float
     td_error: float | None = None
@@ -199,7 +199,7 @@ class ReplayBatch(Model):
     buffer_size: int
     alpha: float
     beta: float
-    seed: int
+    seed: int | None
     items: list[ReplayItem]
 
 

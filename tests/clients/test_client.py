@@ -2,22 +2,27 @@
 
 import asyncio
 import inspect
+import json
+from pathlib import Path
 
 import httpx
 import pytest
 from ferrum_memory_client import (
+    APIStatusError,
     AsyncClient,
     AuthenticationError,
     BadRequestError,
     Client,
     ConflictError,
     GoneError,
+    InternalServerError,
     NotFoundError,
     Operations,
     cursor_of,
 )
 from ferrum_memory_client import models as m
 from ferrum_memory_client._base import Operation
+from ferrum_memory_client.errors import error_from_response
 from pydantic import TypeAdapter
 
 from .conftest import FAST_RETRY
@@ -240,6 +245,31 @@ def test_session_append_gives_up_after_repeated_conflicts(client, agent_id, monk
     assert real_get(session_id=state.session_id).messages == []
 
 
+def test_async_session_append_gives_up_after_repeated_conflicts(server, agent_id, monkeypatch):
+    async def scenario() -> list[int]:
+        async with AsyncClient(server.api_key, server.base_url, retry=FAST_RETRY) as ferrum:
+            state = await ferrum.session_start(agent_id=agent_id)
+            reads: list[int] = []
+            real_get = ferrum.session_get
+
+            async def read_then_lose_the_race(**kwargs):
+                read = await real_get(**kwargs)
+                reads.append(read.version)
+                await ferrum.session_update(
+                    session_id=read.session_id, version=read.version, step=len(reads)
+                )
+                return read
+
+            monkeypatch.setattr(ferrum, "session_get", read_then_lose_the_race)
+            with pytest.raises(ConflictError):
+                await ferrum.session_append(
+                    session_id=state.session_id, messages=[{"role": "user", "content": "x"}]
+                )
+            return reads
+
+    assert asyncio.run(scenario()) == [1, 2, 3, 4, 5]
+
+
 def test_experiences(client, agent_id):
     one = client.experience_record(
         **_experience(agent_id, 1, metadata={"k": "v"}),
@@ -337,3 +367,58 @@ def test_a_given_http_client_is_used_and_left_open(server):
     assert seen == ["/health"]
     assert not http.is_closed
     http.close()
+
+
+def test_the_readme_quickstart_runs(server, monkeypatch, capsys):
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    section = readme.split("## Quickstart with the Python SDK", 1)[1]
+    code = section.split("```python\n", 1)[1].split("```", 1)[0]
+    monkeypatch.setenv("FERRUM_URL", server.base_url)
+    monkeypatch.setenv("FERRUM_API_KEY", server.api_key)
+    exec(compile(code, "README.md", "exec"), {})
+    assert "Deploys go through ops/deploy.sh, on the VPN." in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    ("status", "body", "cls", "message", "fields"),
+    [
+        (
+            400,
+            {"limit": ["Too big."], "kinds": {"0": ["Bad kind."]}},
+            BadRequestError,
+            "limit: Too big.; kinds.0: Bad kind.",
+            {"limit": ["Too big."], "kinds.0": ["Bad kind."]},
+        ),
+        (
+            400,
+            [{}, {"task": ["Required."]}],
+            BadRequestError,
+            "1.task: Required.",
+            {"1.task": ["Required."]},
+        ),
+        (
+            400,
+            ["Not a list."],
+            BadRequestError,
+            "non_field_errors: Not a list.",
+            {"non_field_errors": ["Not a list."]},
+        ),
+        (409, {"detail": "Stale.", "current_version": 3}, ConflictError, "Stale.", {}),
+        (502, "<html>bad gateway</html>", InternalServerError, "<html>bad gateway</html>", {}),
+        (418, "", APIStatusError, "I'm a teapot", {}),
+        (400, {"x": 1}, BadRequestError, "x: 1", {"x": ["1"]}),
+    ],
+)
+def test_an_error_answer_becomes_an_exception_with_its_fields(status, body, cls, message, fields):
+    content = body if isinstance(body, str) else json.dumps(body)
+    error = error_from_response(httpx.Response(status, content=content))
+    assert type(error) is cls
+    assert (error.status, error.message, error.field_errors) == (status, message, fields)
+    assert error.body == body
+    assert str(error) == f"{status}: {message}"
+
+
+def test_a_page_link_gives_its_cursor():
+    assert cursor_of("http://x/experience/?cursor=cD0y&agent_id=a") == "cD0y"
+    assert cursor_of("http://x/experience/?agent_id=a") is None
+    assert cursor_of(None) is None

@@ -19,7 +19,7 @@ import httpx
 import httpx2
 import pytest
 from ferrum_memory_client import AsyncClient, Client
-from ferrum_memory_client.mcp_server import build_server, main
+from ferrum_memory_client.mcp_server import build_server, main, require_key
 from mcp import Client as MCPClient
 from mcp import StdioServerParameters
 from mcp_types import TextContent
@@ -207,3 +207,17 @@ def test_the_readme_mcp_configuration_is_valid_json():
     config = json.loads(block)["mcpServers"]["ferrum-memory"]
     assert config["command"] == "ferrum-memory-mcp"
     assert set(config["env"]) == {"FERRUM_URL", "FERRUM_API_KEY", "FERRUM_AGENT_ID"}
+
+
+def test_the_http_guard_lets_only_the_key_through():
+    async def app(scope, receive, send):
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"ok"})
+
+    async def scenario() -> list[int]:
+        transport = httpx.ASGITransport(app=require_key(app, "fm_secret"))
+        async with httpx.AsyncClient(transport=transport, base_url="http://mcp") as http:
+            tries = [{}, {"Authorization": "Bearer fm_x"}, {"Authorization": "Bearer fm_secret"}]
+            return [(await http.get("/mcp", headers=headers)).status_code for headers in tries]
+
+    assert asyncio.run(scenario()) == [401, 401, 200]

@@ -211,15 +211,20 @@ def main(argv: list[str] | None = None) -> None:
     client = AsyncClient(base_url=args.url)
     if not client.api_key:
         parser.error("FERRUM_API_KEY is required")
-    server = build_server(client, agent_id=args.agent_id)
+    serve(build_server(client, agent_id=args.agent_id), args, key=client.api_key)
+
+
+def serve(server: Any, args: argparse.Namespace, *, key: str) -> None:  # pragma: no cover
+    """Run until stopped. Covered by the tests that start the command as a subprocess (stdio
+    and streamable HTTP), where this process's coverage cannot see it."""
     if args.transport == "stdio":
         server.run("stdio")
         return
     import uvicorn
 
-    app = require_key(server.streamable_http_app(host=args.host), client.api_key)
+    app = require_key(server.streamable_http_app(host=args.host), key)
     uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
 
 
-if __name__ == "__main__":
+if __name__ == "__main__":  # pragma: no cover
     main()

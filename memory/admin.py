@@ -8,8 +8,17 @@ from .services import memory_delete_many
 
 @admin.register(MemoryItem)
 class MemoryItemAdmin(admin.ModelAdmin):
-    list_display = ("id", "agent_id", "kind", "source", "importance", "access_count", "created_at")
-    list_filter = ("kind", "source", "agent_id")
+    list_display = (
+        "id",
+        "agent_id",
+        "kind",
+        "source",
+        "importance",
+        "sensitivity",
+        "access_count",
+        "created_at",
+    )
+    list_filter = ("kind", "source", "sensitivity", "agent_id")
     search_fields = ("content",)
     show_full_result_count = False
     exclude = ("embedding",)

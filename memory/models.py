@@ -24,6 +24,15 @@ class MemoryItem(models.Model):
         CONSOLIDATION = "consolidation"
         IMPORT = "import"
 
+    class Sensitivity(models.TextChoices):
+        """Ordered from least to most sensitive: a reader's `max_sensitivity` admits a level
+        and every level before it."""
+
+        NONE = "none"
+        LOW = "low"
+        PII = "pii"
+        SENSITIVE = "sensitive"
+
     # Also the Qdrant point id.
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
     agent_id = models.CharField(max_length=256)
@@ -34,6 +43,9 @@ class MemoryItem(models.Model):
     # sha256 of the normalised content: exact duplicates of an agent are found by index.
     content_hash = models.CharField(max_length=64)
     importance = models.FloatField(default=0.5)
+    sensitivity = models.CharField(
+        max_length=20, choices=Sensitivity.choices, default=Sensitivity.NONE
+    )
     tags = models.JSONField(default=list, blank=True)
     metadata = models.JSONField(default=dict, blank=True)
     created_at = models.DateTimeField()
@@ -59,6 +71,14 @@ class MemoryItem(models.Model):
 
     def __str__(self) -> str:
         return f"{self.agent_id}: {self.content[:60]}"
+
+
+SENSITIVITY_LEVELS = [level for level, _ in MemoryItem.Sensitivity.choices]
+
+
+def sensitivity_rank(level: str) -> int:
+    """0 for none, up to 3 for sensitive: what the vector index filters on."""
+    return SENSITIVITY_LEVELS.index(level)
 
 
 class MemoryTombstone(models.Model):

@@ -18,7 +18,7 @@ from ferrum_memory.core.exceptions import ServiceError
 from ferrum_memory.core.revisions import revision_purge_tombstones, revision_take
 
 from .embeddings import get_embedder
-from .models import MemoryItem, MemoryTombstone
+from .models import MemoryItem, MemoryTombstone, sensitivity_rank
 from .vector_index import EmbeddingModelMismatch, SearchFilter, get_vector_index
 
 logger = logging.getLogger(__name__)
@@ -141,6 +141,7 @@ def _store_rows(
             content=item["content"],
             content_hash=digest,
             importance=item.get("importance", 0.5),
+            sensitivity=item.get("sensitivity", MemoryItem.Sensitivity.NONE),
             tags=sorted(set(item.get("tags", []))),
             metadata=item.get("metadata", {}),
             created_at=now,
@@ -156,12 +157,25 @@ def _store_rows(
 
 def _merge(target: MemoryItem, item: dict[str, Any], revision: int, now: datetime) -> MemoryItem:
     target.importance = max(target.importance, item.get("importance", 0.5))
+    # A copy marked more sensitive makes the item so: merging never lowers a mark.
+    target.sensitivity = max(
+        target.sensitivity,
+        item.get("sensitivity", MemoryItem.Sensitivity.NONE),
+        key=sensitivity_rank,
+    )
     target.tags = sorted(set(target.tags) | set(item.get("tags", [])))
     target.access_count = F("access_count") + 1
     target.last_accessed_at = now
     target.revision = revision
     target.save(
-        update_fields=["importance", "tags", "access_count", "last_accessed_at", "revision"]
+        update_fields=[
+            "importance",
+            "sensitivity",
+            "tags",
+            "access_count",
+            "last_accessed_at",
+            "revision",
+        ]
     )
     target.refresh_from_db(fields=["access_count"])
     return target

@@ -4,6 +4,7 @@ from . import views
 
 urlpatterns = [
     path("memory/store", views.MemoryStoreView.as_view(), name="memory-store"),
+    path("memory/context", views.MemoryContextView.as_view(), name="memory-context"),
     path("memory/search", views.MemorySearchView.as_view(), name="memory-search"),
     path("memory/<uuid:point_id>", views.MemoryDetailView.as_view(), name="memory-detail"),
 ]

@@ -16,6 +16,7 @@ from ferrum_memory.core.permissions import allowed_agent_ids, ensure_agent_allow
 from ferrum_memory.core.validation import one_or_many_schema, validate_one_or_many
 
 from . import serializers as s
+from .context import memory_context
 from .selectors import memory_get, memory_search
 from .services import memory_delete_many, memory_store_many
 
@@ -71,6 +72,8 @@ class MemoryDetailView(APIView):
 
 
 class MemorySearchView(APIView):
+    reads_only = True  # a POST for its body; a read-only key may search
+
     @extend_schema(
         request=s.MemorySearchSerializer,
         # Only where a cross-encoder is configured: elsewhere rerank=true is a 400.
@@ -90,3 +93,28 @@ class MemorySearchView(APIView):
         rerank = request.query_params.get("rerank", "false").lower() in {"1", "true", "yes"}
         hits = memory_search(**serializer.validated_data, rerank=rerank)
         return Response(s.MemorySearchOutSerializer({"results": hits}).data)
+
+
+class MemoryContextView(APIView):
+    reads_only = True  # a POST for its body; a read-only key may ask for a context
+
+    @extend_schema(
+        request=s.MemoryContextSerializer,
+        responses={
+            200: s.MemoryContextOutSerializer,
+            404: OpenApiResponse(description="No such session (or one this key may not use)."),
+            410: OpenApiResponse(description="The session is closed or expired."),
+            **ERRORS,
+        },
+        description="The context for the next LLM call in one request: the session's recent "
+        "turns, newest first, within recent_share of the budget, then the memories whose "
+        "relevance reaches min_relevance, by rank, within the rest. A turn or a memory is in "
+        "whole or left out. With the working memory or the vector index down, the other part "
+        "still answers and `degraded` names the missing one.",
+    )
+    def post(self, request: Request) -> Response:
+        serializer = s.MemoryContextSerializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        ensure_agent_allowed(request, serializer.validated_data["agent_id"])
+        context = memory_context(**serializer.validated_data, agent_ids=allowed_agent_ids(request))
+        return Response(s.MemoryContextOutSerializer(context).data)

@@ -10,7 +10,8 @@ if TYPE_CHECKING:  # rest_framework.views imports the permission classes: no cyc
 
 
 class HasApiKey(permissions.BasePermission):
-    """A valid key is required; a read-only key may only use safe methods."""
+    """A valid key is required; a read-only key may only use safe methods, and the views that
+    take their query as a POST body but only read (`reads_only = True`: search, context)."""
 
     message = "This API key is read-only."
 
@@ -20,7 +21,8 @@ class HasApiKey(permissions.BasePermission):
             raise exceptions.NotAuthenticated(
                 "An API key is required: 'Authorization: Bearer <key>'."
             )
-        return request.method in permissions.SAFE_METHODS or not api_key.read_only
+        reads = request.method in permissions.SAFE_METHODS or getattr(view, "reads_only", False)
+        return reads or not api_key.read_only
 
 
 def allowed_agent_ids(request: Request) -> list[str] | None:

@@ -192,6 +192,10 @@ FASTEMBED_RERANK_MODEL = env.str("FASTEMBED_RERANK_MODEL", default="")
 FASTEMBED_RERANK_MODEL_PATH = env.str("FASTEMBED_RERANK_MODEL_PATH", default="")
 # Cosine similarity from which a new memory of the same agent is merged into an existing one.
 MEMORY_NEAR_DUPLICATE = env.float("MEMORY_NEAR_DUPLICATE", default=0.95)
+# POST /memory/context: the tokenizer that counts its budget (memory.tokens), and the default
+# relevance below which a memory is left out of a context (calibrated by bench/context.py).
+CONTEXT_TOKENIZER = env.str("CONTEXT_TOKENIZER", default="o200k_base")
+CONTEXT_MIN_RELEVANCE = env.float("CONTEXT_MIN_RELEVANCE", default=0.5)
 DEFAULT_MEMORY_TTL = env.int("DEFAULT_MEMORY_TTL", default=0)
 DEFAULT_REPLAY_TTL = env.int("DEFAULT_REPLAY_TTL", default=86400)
 DEFAULT_WORKING_MEM_TTL = env.int("DEFAULT_WORKING_MEM_TTL", default=86400)

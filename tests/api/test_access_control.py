@@ -29,6 +29,8 @@ OWN, OTHER = "agent-own", "agent-other"
 # Routes that need no key (DESIGN.md, Security); the admin has its own login (tested below).
 PUBLIC = {"health", "openapi", "docs"}
 WRITE_METHODS = {"post", "put", "patch", "delete"}
+# POSTs that only read (their query is a body): a read-only key may send them.
+READ_POSTS = {("memory-search", "post"), ("memory-context", "post")}
 
 
 @dataclass
@@ -68,6 +70,17 @@ CASES: dict[str, dict[str, Case]] = {
     },
     "memory-search": {
         "post": lambda d: Request("/memory/search", {"agent_id": d.agent_id, "query": "fact"})
+    },
+    "memory-context": {
+        "post": lambda d: Request(
+            "/memory/context",
+            {
+                "agent_id": d.agent_id,
+                "query": "fact",
+                "token_budget": 200,
+                "session_id": d.session_id,
+            },
+        )
     },
     "memory-detail": {
         "get": lambda d: Request(f"/memory/{d.point_id}"),
@@ -237,7 +250,10 @@ def test_a_key_limited_to_one_agent_never_reaches_another_agents_data(seeded, na
     assert 200 <= own.status_code < 300, own.content
 
 
-@pytest.mark.parametrize(("name", "method"), [r for r in guarded_routes() if r[1] in WRITE_METHODS])
+@pytest.mark.parametrize(
+    ("name", "method"),
+    [r for r in guarded_routes() if r[1] in WRITE_METHODS and r not in READ_POSTS],
+)
 def test_a_read_only_key_cannot_write(seeded, name, method):
     client = client_for(api_key_create(name="ro", read_only=True)[1])
     before = {agent: other_agents_rows(agent) for agent in (OWN, OTHER)}
@@ -248,7 +264,9 @@ def test_a_read_only_key_cannot_write(seeded, name, method):
     assert {agent: other_agents_rows(agent) for agent in (OWN, OTHER)} == before
 
 
-@pytest.mark.parametrize(("name", "method"), [r for r in guarded_routes() if r[1] == "get"])
+@pytest.mark.parametrize(
+    ("name", "method"), [r for r in guarded_routes() if r[1] == "get" or r in READ_POSTS]
+)
 def test_a_read_only_key_can_read(seeded, name, method):
     client = client_for(api_key_create(name="ro", read_only=True)[1])
     response = send(client, method, CASES[name][method](seeded[OWN]))

@@ -69,6 +69,10 @@ MODELS = {
     m.StoredMemoryBatch: "StoredMemoryBatch",
     m.MemoryHit: "MemoryHit",
     m.MemorySearchResult: "MemorySearchOut",
+    m.ContextTurn: "ContextTurn",
+    m.ContextMemory: "ContextMemory",
+    m.ContextDropped: "ContextDropped",
+    m.MemoryContext: "MemoryContextOut",
     m.Message: "Message",
     m.WorkingMemoryState: "WorkingMemoryState",
     m.Consolidation: "Consolidation",
@@ -150,6 +154,7 @@ def test_memory_round_trip(client, agent_id):
         kind="procedural",
         tags=["deploy"],
         importance=0.8,
+        sensitivity="none",
         metadata={"from": "test"},
     )
     assert isinstance(stored, m.StoredMemory)
@@ -172,6 +177,14 @@ def test_memory_round_trip(client, agent_id):
     assert isinstance(found.results[0].score, float)
     only_tagged = client.memory_search(agent_id=agent_id, query="database", tags=["deploy"])
     assert [hit.item.point_id for hit in only_tagged.results] == [stored.point_id]
+    assert 0 <= found.results[0].relevance <= 1
+    context = client.memory_context(
+        agent_id=agent_id, query="how do I deploy?", token_budget=200, max_sensitivity="none"
+    )
+    assert isinstance(context, m.MemoryContext)
+    assert context.memories[0].item.point_id == stored.point_id
+    assert "ops/deploy.sh" in context.context
+    assert context.tokens_used <= 200 and context.degraded == []
     assert client.memory_get(point_id=stored.point_id).kind == "procedural"
     assert client.memory_delete(point_id=stored.point_id) is None
     with pytest.raises(NotFoundError) as gone:

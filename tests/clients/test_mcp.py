@@ -86,6 +86,10 @@ async def _exercise(mcp: MCPClient, client: Client, agent_id: str) -> None:
     assert appended["messages"] == 1
     state = client.session_get(session_id=sid)
     assert [(msg.role, msg.content) for msg in state.messages] == [("assistant", "Tagged v1.2.")]
+    with_turns = _data(
+        await mcp.call_tool("context", {"query": "release branch", "session_id": sid})
+    )
+    assert with_turns.index("Tagged v1.2.") < with_turns.index(fact)  # recent turns come first
     closed = _data(await mcp.call_tool("session_close", {"session_id": sid}))
     assert closed["session_id"] == sid
     assert client.session_close(session_id=sid).session_id == sid  # closed: the same answer

@@ -32,6 +32,7 @@ from .models import (
     ExperienceBatch,
     ExperiencePage,
     Health,
+    MemoryContext,
     MemoryItem,
     MemoryKind,
     MemorySearchResult,
@@ -40,6 +41,7 @@ from .models import (
     ReplayBatch,
     ReplayStrategy,
     SearchMode,
+    Sensitivity,
     StoredMemory,
     StoredMemoryBatch,
     TdErrorResult,
@@ -111,6 +113,7 @@ class Operations:
         kind: MemoryKind | None = None,
         source: MemorySource | None = None,
         importance: float | None = None,
+        sensitivity: Sensitivity | None = None,
         tags: Sequence[str] | None = None,
         metadata: Mapping[str, Any] | None = None,
         session_id: str | None = None,
@@ -123,6 +126,7 @@ class Operations:
             kind=kind,
             source=source,
             importance=importance,
+            sensitivity=sensitivity,
             tags=tags,
             metadata=metadata,
             session_id=session_id,
@@ -148,6 +152,8 @@ class Operations:
         created_after: datetime | None = None,
         created_before: datetime | None = None,
         min_importance: float | None = None,
+        max_sensitivity: Sensitivity | None = None,
+        min_relevance: float | None = None,
         rerank: bool | None = None,
     ) -> Call[MemorySearchResult]:
         """Hybrid (default), dense or sparse search of an agent's memory, best first."""
@@ -162,8 +168,48 @@ class Operations:
             created_after=created_after,
             created_before=created_before,
             min_importance=min_importance,
+            max_sensitivity=max_sensitivity,
+            min_relevance=min_relevance,
         )
         return Call(parsed(MemorySearchResult), query={"rerank": rerank}, body=body)
+
+    @operation("POST", "/memory/context", idempotent=True)
+    def memory_context(
+        *,
+        agent_id: str,
+        query: str,
+        token_budget: int,
+        session_id: str | None = None,
+        recent_share: float | None = None,
+        memory_share: float | None = None,
+        limit: int | None = None,
+        min_relevance: float | None = None,
+        mode: SearchMode | None = None,
+        kinds: Sequence[MemoryKind] | None = None,
+        tags: Sequence[str] | None = None,
+        max_sensitivity: Sensitivity | None = None,
+        recency_half_life: float | None = None,
+        importance_weight: float | None = None,
+    ) -> Call[MemoryContext]:
+        """The prompt-ready context for the next LLM call: the session's recent turns and the
+        relevant memories, within `token_budget` tokens (`context` is the text)."""
+        body = present(
+            agent_id=agent_id,
+            query=query,
+            token_budget=token_budget,
+            session_id=session_id,
+            recent_share=recent_share,
+            memory_share=memory_share,
+            limit=limit,
+            min_relevance=min_relevance,
+            mode=mode,
+            kinds=kinds,
+            tags=tags,
+            max_sensitivity=max_sensitivity,
+            recency_half_life=recency_half_life,
+            importance_weight=importance_weight,
+        )
+        return Call(parsed(MemoryContext), body=body)
 
     @operation("GET", "/memory/{point_id}", idempotent=True)
     def memory_get(*, point_id: str) -> Call[MemoryItem]:

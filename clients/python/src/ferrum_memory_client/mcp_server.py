@@ -43,6 +43,7 @@ def _hit(hit: MemoryHit) -> dict[str, Any]:
         "content": item.content,
         "score": round(hit.score, 4),
         "kind": item.kind,
+        "relevance": round(hit.relevance, 4),
         "tags": item.tags,
         "created_at": item.created_at.isoformat(),
     }
@@ -101,13 +102,25 @@ def build_server(client: AsyncClient, *, agent_id: str) -> Any:
     @mcp.tool()
     async def context(
         query: Annotated[str, Field(description="The task or question of your next step.")],
-        limit: Annotated[int, Field(ge=1, le=20, description="Most memories to include.")] = 8,
+        session_id: Annotated[
+            str | None, Field(description="From session_start: its recent turns come first.")
+        ] = None,
+        token_budget: Annotated[
+            int, Field(ge=50, le=200_000, description="Most tokens the context may take.")
+        ] = 2000,
     ) -> str:
-        """The memories relevant to the next step, as text ready to read, most relevant first."""
-        found = await _service(client.memory_search(agent_id=agent_id, query=query, limit=limit))
-        if not found.results:
-            return "No stored memory is relevant."
-        return "\n".join(f"- {hit.item.content}" for hit in found.results)
+        """Everything to read before the next step, within a token budget: the session's recent
+        turns (with a session_id) and the stored memories relevant to the query, most relevant
+        first. An off-topic query gets no memories rather than unrelated ones."""
+        found = await _service(
+            client.memory_context(
+                agent_id=agent_id, query=query, token_budget=token_budget, session_id=session_id
+            )
+        )
+        text = found.context or "No stored memory is relevant."
+        if found.degraded:
+            text += f"\n\n(Partial: {', '.join(found.degraded)} did not answer.)"
+        return text
 
     @mcp.tool()
     async def forget(

@@ -14,6 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field
 MemoryKind = Literal["episodic", "semantic", "procedural", "session_summary"]
 MemorySource = Literal["agent", "user", "tool", "consolidation", "import"]
 SearchMode = Literal["hybrid", "dense", "sparse"]
+Sensitivity = Literal["none", "low", "pii", "sensitive"]
 ReplayStrategy = Literal["prioritized", "recency", "uniform"]
 Role = Literal["system", "user", "assistant", "tool"]
 
@@ -80,6 +81,7 @@ class MemoryItem(Model):
     source: str = "agent"
     content: str
     importance: float = 0.5
+    sensitivity: str = "none"
     tags: list[str] = Field(default_factory=list)
     metadata: dict[str, Any] = Field(default_factory=dict)
     created_at: datetime
@@ -100,12 +102,42 @@ class StoredMemoryBatch(Model):
 
 
 class MemoryHit(Model):
-    score: float
+    score: float  # ranks within one search; hybrid's can be negative
+    relevance: float  # 0..1, comparable across queries
     item: MemoryItem
 
 
 class MemorySearchResult(Model):
     results: list[MemoryHit]
+
+
+class ContextTurn(Model):
+    role: str
+    content: str
+    name: str | None = None
+    at: datetime | None = None
+
+
+class ContextMemory(Model):
+    item: MemoryItem
+    score: float
+    relevance: float
+    tokens: int
+
+
+class ContextDropped(Model):
+    turns: int
+    memories: int
+
+
+class MemoryContext(Model):
+    context: str  # prompt-ready text within the token budget
+    recent_turns: list[ContextTurn]
+    memories: list[ContextMemory]
+    tokens_used: int
+    token_budget: int
+    dropped: ContextDropped
+    degraded: list[str]  # parts left out because their backend is down
 
 
 # Sessions ------------------------------------------------------------------------------------

@@ -91,15 +91,16 @@ def _upload(client: Client, train: list[dict[str, Any]], agent_id: str) -> None:
 
 
 def loss_table(client: Client, train, held_out, *, seeds: int, updates: int, lr: float) -> None:
-    x_held = example.matrix(held_out)
-    r_held = np.array([e["reward"] for e in held_out])
-    r_train = np.array([e["reward"] for e in train])
-    print(f"\n## Held-out MSE after {updates} updates (one per dream cycle)  [{load()}]\n")
-    print(f"untrained (predicts 0): {np.mean(r_held**2):.4f}; ", end="")
-    print(f"the training mean reward as prediction: {np.mean((r_held - r_train.mean()) ** 2):.4f}")
-    print(f"\n| seed | {' | '.join(STRATEGIES)} | prioritized - uniform |")
-    print("|---:|---:|---:|---:|")
-    results: dict[str, list[float]] = {s: [] for s in STRATEGIES}
+    x_held, r_held = example.matrix(held_out), np.array([e["reward"] for e in held_out])
+    x_train, r_train = example.matrix(train), np.array([e["reward"] for e in train])
+    print(f"\n## MSE after {updates} updates, one per dream cycle  [{load()}]\n")
+    print(f"Untrained (predicts 0): held-out {np.mean(r_held**2):.4f}. The training set's ", end="")
+    print(f"mean reward as the prediction: held-out {np.mean((r_held - r_train.mean()) ** 2):.4f}.")
+    print("\n| seed | held-out MSE: prioritized | uniform | difference ", end="")
+    print("| training-set MSE: prioritized | uniform |")
+    print("|---:|---:|---:|---:|---:|---:|")
+    held: dict[str, list[float]] = {s: [] for s in STRATEGIES}
+    fit: dict[str, list[float]] = {s: [] for s in STRATEGIES}
     for seed in range(seeds):
         for strategy in STRATEGIES:
             agent = f"bench-{strategy}-{seed}"
@@ -112,13 +113,19 @@ def loss_table(client: Client, train, held_out, *, seeds: int, updates: int, lr:
                 batch = learner.claim()
                 assert batch is not None
                 assert learner.report(batch, train_step(batch)) is not None
-            results[strategy].append(model.loss(x_held, r_held))
-        p, u = results["prioritized"][-1], results["uniform"][-1]
-        print(f"| {seed} | {p:.4f} | {u:.4f} | {p - u:+.4f} |")
-    diffs = np.subtract(results["prioritized"], results["uniform"])
-    means = " | ".join(f"{statistics.fmean(results[s]):.4f}" for s in STRATEGIES)
+            held[strategy].append(model.loss(x_held, r_held))
+            fit[strategy].append(model.loss(x_train, r_train))
+        p, u = held["prioritized"][-1], held["uniform"][-1]
+        tp, tu = fit["prioritized"][-1], fit["uniform"][-1]
+        print(f"| {seed} | {p:.4f} | {u:.4f} | {p - u:+.4f} | {tp:.4f} | {tu:.4f} |")
+    diffs = np.subtract(held["prioritized"], held["uniform"])
     sd = statistics.stdev(diffs) if len(diffs) > 1 else float("nan")
-    print(f"| mean | {means} | {diffs.mean():+.4f} (sd {sd:.4f}) |")
+    mean = {s: (statistics.fmean(held[s]), statistics.fmean(fit[s])) for s in STRATEGIES}
+    print(
+        f"| mean | {mean['prioritized'][0]:.4f} | {mean['uniform'][0]:.4f} | "
+        f"{diffs.mean():+.4f} (sd {sd:.4f}) | {mean['prioritized'][1]:.4f} | "
+        f"{mean['uniform'][1]:.4f} |"
+    )
 
 
 def throughput_table(client: Client, train, *, batch: int, cycles: int) -> None:

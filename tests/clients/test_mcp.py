@@ -207,7 +207,8 @@ def test_the_command_needs_an_agent_and_a_key(monkeypatch, capsys):
 
 def test_the_readme_mcp_configuration_is_valid_json():
     readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
-    block = readme.split("```json\n", 1)[1].split("```", 1)[0]
+    section = readme.split("### MCP server", 1)[1]
+    block = section.split("```json\n", 1)[1].split("```", 1)[0]
     config = json.loads(block)["mcpServers"]["ferrum-memory"]
     assert config["command"] == "ferrum-memory-mcp"
     assert set(config["env"]) == {"FERRUM_URL", "FERRUM_API_KEY", "FERRUM_AGENT_ID"}

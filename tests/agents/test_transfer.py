@@ -10,7 +10,7 @@ from django.core.management import call_command
 from django.core.management.base import CommandError
 
 from experience.models import DreamCycle, Experience
-from memory.models import MemoryEvent, MemoryItem
+from memory.models import MemoryEvent, MemoryItem, MemoryTombstone
 from tests.agents.test_erasure import OTHER, client_for, ok, seed
 from tests.experience.dream_helpers import stock
 
@@ -185,3 +185,18 @@ def test_the_commands_move_an_agent_through_a_file(engines, tmp_path, capsys):
     path.write_bytes(path.read_bytes()[:-10])
     with pytest.raises(CommandError, match="Line"):
         call_command("import_agent", "agent-else", str(path))
+
+
+def test_an_imported_item_deleted_again_leaves_every_index(engines):
+    """Its id had a tombstone from the erasure: the new delete must move it to a new revision,
+    or an index past the old one would keep the item."""
+    client = client_for()
+    seeded = loaded(client)
+    lines = export(client)
+    ok(client.delete(f"/agents/{AGENT}"))
+    erased_at = MemoryTombstone.objects.get(point_id=seeded["point_id"]).revision
+    ok(send(client, lines), 201)
+    assert any(seeded["point_id"] == hit for hit, _ in searches(client)[0])
+    assert client.delete(f"/memory/{seeded['point_id']}").status_code == 204
+    assert MemoryTombstone.objects.get(point_id=seeded["point_id"]).revision > erased_at
+    assert all(seeded["point_id"] != hit for result in searches(client) for hit, _ in result)

@@ -91,11 +91,13 @@ def session_start(
     messages: Sequence[dict[str, Any]] = (),
     ttl_seconds: int | None = None,
     now: datetime | None = None,
+    session_id: UUID | None = None,
 ) -> tuple[Session, State]:
-    """Open a session and write its first state (version 1) to the working-memory store."""
+    """Open a session and write its first state (version 1) to the working-memory store.
+    `session_id` is for an import, which keeps the id the session had."""
     now = now or timezone.now()
     session = Session(
-        id=uuid.uuid4(),
+        id=session_id or uuid.uuid4(),
         agent_id=agent_id,
         ttl_seconds=ttl_seconds or settings.DEFAULT_WORKING_MEM_TTL,
         started_at=now,

@@ -90,9 +90,14 @@ def revision_delete(
     if record is not None and doomed:
         record(doomed)
     key = tombstone._meta.pk.attname
+    # A row deleted before under the same key (an experience key SQLite gave out again, an
+    # imported memory's id) has a tombstone already: it takes this revision, or an index past
+    # the old one would never drop the row.
     tombstone._default_manager.bulk_create(
         [tombstone(**{key: pk}, agent_id=agent, revision=revision) for pk, agent in doomed],
-        ignore_conflicts=True,
+        update_conflicts=True,
+        unique_fields=[key],
+        update_fields=["agent_id", "revision", "deleted_at"],
     )
     queryset.model.objects.filter(pk__in=[pk for pk, _ in doomed]).delete()
     return len(doomed)

@@ -19,28 +19,9 @@ from experience.dream_services import dream_cycle_claim, dream_cycle_run
 from experience.models import DreamCycle, Experience
 from ferrum_memory.core.services import api_key_create
 from memory.models import MemoryEvent, MemoryItem
-from memory.services import reset_model_check
-from memory.vector_index import reset_vector_index
 from sessions.models import Consolidation, Session
-from sessions.working_memory import reset_working_memory
 
 OTHER = "agent-kept"
-
-
-@pytest.fixture(params=["edge", "server"])
-def engines(request, settings, tmp_path):
-    """A fresh qdrant-edge shard in a folder scanned below, or qdrant-client's in-process
-    mode, the stand-in for a Qdrant server."""
-    settings.DATA_DIR = tmp_path
-    settings.QDRANT_URL = "" if request.param == "edge" else ":memory:"
-    settings.DREAM_MIN_EXPERIENCES = 1
-    settings.DREAM_MAX_PENDING = 0
-    reset_vector_index()
-    reset_model_check()
-    reset_working_memory()
-    yield tmp_path
-    reset_vector_index()
-    reset_working_memory()
 
 
 def client_for(**key: Any) -> APIClient:

@@ -10,6 +10,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
+import orjson
 import pytest
 from django.urls import URLPattern, URLResolver, get_resolver, reverse
 from rest_framework.test import APIClient
@@ -54,6 +55,22 @@ class AgentData:
 class Request:
     path: str
     body: dict[str, Any] | None = None  # JSON body, or the query of a GET
+    lines: list[dict[str, Any]] | None = None  # a JSON Lines body instead
+
+
+def _empty_export(data: AgentData) -> Request:
+    """An import of an export with nothing in it: 201 on the key's own agent."""
+    header = {
+        "type": "header",
+        "format": "ferrum-memory-agent",
+        "version": 1,
+        "agent_id": data.agent_id,
+        "embedding_model": "any",
+        "embedding_dim": 384,
+    }
+    kinds = ("memory_items", "memory_events", "experiences", "sessions", "dream_cycles")
+    end = {"type": "end", "counts": dict.fromkeys(kinds, 0)}
+    return Request(f"/agents/{data.agent_id}/import", lines=[header, end])
 
 
 Case = Callable[[AgentData], Request]
@@ -132,6 +149,8 @@ CASES: dict[str, dict[str, Case]] = {
     },
     "session-close": {"post": lambda d: Request("/session/close", {"session_id": d.session_id})},
     "agent-detail": {"delete": lambda d: Request(f"/agents/{d.agent_id}")},
+    "agent-export": {"get": lambda d: Request(f"/agents/{d.agent_id}/export")},
+    "agent-import": {"post": _empty_export},
     "stats": {"get": lambda d: Request("/stats")},
     "metrics": {"get": lambda d: Request("/metrics")},
 }
@@ -170,6 +189,9 @@ def client_for(raw_key: str | None = None) -> APIClient:
 
 
 def send(client: APIClient, method: str, request: Request) -> Any:
+    if request.lines is not None:
+        body = b"".join(orjson.dumps(line) + b"\n" for line in request.lines)
+        return client.post(request.path, body, content_type="application/x-ndjson")
     if method == "get":
         return client.get(request.path, request.body or {})
     return getattr(client, method)(request.path, request.body, format="json")

@@ -40,6 +40,14 @@ def schema_operations() -> list[tuple[str, str]]:
     ]
 
 
+@schemathesis.serializer("application/x-ndjson")
+def _json_lines(ctx: Any, value: Any) -> bytes:
+    """An agent import's body (JSON Lines), which the schema gives as a string."""
+    if isinstance(value, bytes):
+        return value
+    return str(value).encode("utf-8", errors="surrogatepass")
+
+
 @pytest.fixture(scope="module")
 def server(tmp_path_factory) -> Iterator[LiveServer]:
     # The throttle would answer 429 to this many requests a minute; it is tested elsewhere.
@@ -102,6 +110,12 @@ CROSS_FIELD_RULES = {
 }
 
 
+# A JSON Lines import is a string to a JSON Schema; what makes it an export (a header, typed
+# lines, an end line that counts them) is beyond one, so a generated "valid" string is not an
+# export. Only invalid bodies are generated here; tests/agents/test_transfer.py imports real ones.
+NEGATIVE_ONLY = {("POST", "/agents/{agent_id}/import")}
+
+
 def _nul_free(value: Any) -> Any:
     if isinstance(value, str):
         return value.replace("\x00", "0")
@@ -123,9 +137,12 @@ def _without_nul(case: schemathesis.Case) -> schemathesis.Case:
 def test_operation_conforms_to_its_schema(api_schema, method, path):
     operation = api_schema[path][method]
     rule = CROSS_FIELD_RULES.get((method, path), lambda case: True)
-    cases = st.one_of(
-        operation.as_strategy(schemathesis.GenerationMode.POSITIVE).map(_without_nul).filter(rule),
-        operation.as_strategy(schemathesis.GenerationMode.NEGATIVE),
+    negative = operation.as_strategy(schemathesis.GenerationMode.NEGATIVE)
+    positive = operation.as_strategy(schemathesis.GenerationMode.POSITIVE)
+    cases = (
+        negative
+        if (method, path) in NEGATIVE_ONLY
+        else st.one_of(positive.map(_without_nul).filter(rule), negative)
     )
     session = requests.Session()
 

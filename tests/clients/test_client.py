@@ -73,6 +73,13 @@ MODELS = {
     m.ContextMemory: "ContextMemory",
     m.ContextDropped: "ContextDropped",
     m.MemoryContext: "MemoryContextOut",
+    m.MemoryPage: "PaginatedMemoryOutList",
+    m.MemoryEvent: "MemoryEvent",
+    m.MemoryEventPage: "PaginatedMemoryEventList",
+    m.ErasureCounts: "ErasureCounts",
+    m.AgentErasure: "AgentErasure",
+    m.ReplayLimiter: "ReplayLimiter",
+    m.ReplaySettings: "ReplaySettingsOut",
     m.Message: "Message",
     m.WorkingMemoryState: "WorkingMemoryState",
     m.Consolidation: "Consolidation",
@@ -190,6 +197,48 @@ def test_memory_round_trip(client, agent_id):
     with pytest.raises(NotFoundError) as gone:
         client.memory_get(point_id=stored.point_id)
     assert gone.value.status == 404
+
+
+def test_memory_list_update_history_and_agent_erasure(client, agent_id):
+    first = client.memory_store(agent_id=agent_id, content="The office is on floor 3.", tags=["o"])
+    client.memory_store(agent_id=agent_id, content="Parking is free after 6 pm.")
+    listed = client.memory_list(agent_id=agent_id)
+    assert isinstance(listed, m.MemoryPage)
+    assert len(listed.results) == 2 and cursor_of(listed.next) is None
+    assert [i.point_id for i in client.memory_list(agent_id=agent_id, tags=["o"]).results] == [
+        first.point_id
+    ]
+    version = first.item.version
+    updated = client.memory_update(
+        point_id=first.point_id, version=version, content="The office is on floor 4.", tags=["o"]
+    )
+    assert updated.item.content == "The office is on floor 4."
+    assert updated.item.version == version + 1
+    with pytest.raises(ConflictError) as stale:
+        client.memory_update(point_id=first.point_id, version=version, importance=0.9)
+    assert stale.value.body["current_version"] == version + 1
+    history = client.memory_history(point_id=first.point_id)
+    assert isinstance(history.results[-1], m.MemoryEvent)
+    assert history.results[-1].changes["content"] == {
+        "before": "The office is on floor 3.",
+        "after": "The office is on floor 4.",
+    }
+    erased = client.agent_erase(agent_id=agent_id)
+    assert erased.erased_now and erased.counts.memory_items == 2
+    assert client.memory_list(agent_id=agent_id).results == []
+    again = client.agent_erase(agent_id=agent_id)  # safe to retry: the last erasure's record
+    assert not again.erased_now and again.counts.memory_items == 2
+
+
+def test_replay_settings(client, agent_id):
+    default = client.experience_settings_get(agent_id=agent_id)
+    assert isinstance(default, m.ReplaySettings) and not default.customized
+    changed = client.experience_settings_put(agent_id=agent_id, max_size=50, remover="fifo")
+    assert (changed.max_size, changed.remover, changed.customized) == (50, "fifo", True)
+    assert client.experience_settings_get(agent_id=agent_id).max_size == 50
+    with pytest.raises(BadRequestError) as bad:
+        client.experience_settings_put(agent_id=agent_id, remover="random")
+    assert "remover" in bad.value.field_errors
 
 
 def test_bad_input_raises_with_the_field_errors(client, agent_id):

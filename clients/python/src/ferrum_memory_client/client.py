@@ -15,7 +15,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import Mapping, Sequence
 from datetime import datetime
-from typing import Any
+from typing import Any, Literal
 from urllib.parse import parse_qs, urlsplit
 
 import httpx
@@ -23,6 +23,7 @@ import httpx
 from ._base import AsyncTransport, Call, SyncTransport, nothing, operation, parsed, present
 from .errors import ConflictError
 from .models import (
+    AgentErasure,
     ClaimedDreamCycle,
     Consolidation,
     DreamCompletion,
@@ -33,12 +34,15 @@ from .models import (
     ExperiencePage,
     Health,
     MemoryContext,
+    MemoryEventPage,
     MemoryItem,
     MemoryKind,
+    MemoryPage,
     MemorySearchResult,
     MemorySource,
     Message,
     ReplayBatch,
+    ReplaySettings,
     ReplayStrategy,
     SearchMode,
     Sensitivity,
@@ -215,6 +219,64 @@ class Operations:
     def memory_get(*, point_id: str) -> Call[MemoryItem]:
         return Call(parsed(MemoryItem), path={"point_id": point_id})
 
+    @operation("GET", "/memory/", idempotent=True)
+    def memory_list(
+        *,
+        agent_id: str | None = None,
+        session_id: str | None = None,
+        kind: MemoryKind | None = None,
+        source: MemorySource | None = None,
+        sensitivity: Sensitivity | None = None,
+        tags: Sequence[str] | None = None,
+        created_after: datetime | None = None,
+        created_before: datetime | None = None,
+        cursor: str | None = None,
+    ) -> Call[MemoryPage]:
+        """An agent's items, newest first; the next page is `cursor=cursor_of(page.next)`."""
+        query = present(
+            agent_id=agent_id,
+            session_id=session_id,
+            kind=kind,
+            source=source,
+            sensitivity=sensitivity,
+            tags=tags,
+            created_after=created_after,
+            created_before=created_before,
+            cursor=cursor,
+        )
+        return Call(parsed(MemoryPage), query=query)
+
+    # Optimistic concurrency: a retry of an update that went through would answer 409.
+    @operation("PATCH", "/memory/{point_id}", idempotent=False)
+    def memory_update(
+        *,
+        point_id: str,
+        version: int,
+        content: str | None = None,
+        importance: float | None = None,
+        sensitivity: Sensitivity | None = None,
+        tags: Sequence[str] | None = None,
+        metadata: Mapping[str, Any] | None = None,
+        ttl_seconds: int | None = None,
+    ) -> Call[StoredMemory]:
+        """Change an item (re-embedded when its content changes); `version` is the one read
+        last (ConflictError with `body["current_version"]` if stale)."""
+        body = present(
+            version=version,
+            content=content,
+            importance=importance,
+            sensitivity=sensitivity,
+            tags=tags,
+            metadata=metadata,
+            ttl_seconds=ttl_seconds,
+        )
+        return Call(parsed(StoredMemory), path={"point_id": point_id}, body=body)
+
+    @operation("GET", "/memory/{point_id}/history", idempotent=True)
+    def memory_history(*, point_id: str, cursor: str | None = None) -> Call[MemoryEventPage]:
+        """Every change of an item, oldest first, with each field's value before and after."""
+        return Call(parsed(MemoryEventPage), path={"point_id": point_id}, query={"cursor": cursor})
+
     # A retry of a delete that went through would answer 404: only retried when not sent.
     @operation("DELETE", "/memory/{point_id}", idempotent=False)
     def memory_delete(*, point_id: str) -> Call[None]:
@@ -293,6 +355,15 @@ class Operations:
         """Close a session; the worker consolidates it. Closing again answers the same one."""
         return Call(parsed(Consolidation), body={"session_id": session_id})
 
+    # Agents ----------------------------------------------------------------------------------
+
+    # Erasing again answers the last erasure's record (erased_now false).
+    @operation("DELETE", "/agents/{agent_id}", idempotent=True)
+    def agent_erase(*, agent_id: str) -> Call[AgentErasure]:
+        """Erase everything of one agent (memories and their history, sessions, experiences,
+        dream cycles), with the counts of what was deleted."""
+        return Call(parsed(AgentErasure), path={"agent_id": agent_id})
+
     # Experience replay -----------------------------------------------------------------------
 
     @operation("POST", "/experience/", idempotent=True)
@@ -363,6 +434,37 @@ class Operations:
     def experience_td_errors_update(*, td_errors: Mapping[str, float]) -> Call[TdErrorResult]:
         """Set TD errors, {experience_id: td_error}, up to 10,000; unknown ids are reported."""
         return Call(parsed(TdErrorResult), body={"updates": _td_errors(td_errors)})
+
+    @operation("GET", "/experience/settings", idempotent=True)
+    def experience_settings_get(*, agent_id: str) -> Call[ReplaySettings]:
+        """An agent's replay settings (capacity, remover, sampling cap, rate limiter)."""
+        return Call(parsed(ReplaySettings), query={"agent_id": agent_id})
+
+    # Setting the same values twice leaves them as set once.
+    @operation("PUT", "/experience/settings", idempotent=True)
+    def experience_settings_put(
+        *,
+        agent_id: str,
+        max_size: int | None = None,
+        remover: Literal["fifo", "lowest_priority"] | None = None,
+        max_times_sampled: int | None = None,
+        min_size: int | None = None,
+        samples_per_insert: float | None = None,
+        spi_tolerance: float | None = None,
+        alpha: float | None = None,
+    ) -> Call[ReplaySettings]:
+        """Set an agent's replay settings (a key not limited to agents only)."""
+        body = present(
+            agent_id=agent_id,
+            max_size=max_size,
+            remover=remover,
+            max_times_sampled=max_times_sampled,
+            min_size=min_size,
+            samples_per_insert=samples_per_insert,
+            spi_tolerance=spi_tolerance,
+            alpha=alpha,
+        )
+        return Call(parsed(ReplaySettings), body=body)
 
     @operation("GET", "/experience/replay", idempotent=True)
     def replay_sample(

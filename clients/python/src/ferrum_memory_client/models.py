@@ -88,6 +88,29 @@ class MemoryItem(Model):
     expires_at: datetime | None = None
     access_count: int = 0
     embedding_model: str
+    version: int = 1  # what memory_update's `version` must name
+
+
+class MemoryPage(Model):
+    next: str | None
+    previous: str | None
+    results: list[MemoryItem]
+
+
+class MemoryEvent(Model):
+    point_id: str
+    kind: str
+    at: datetime
+    actor: str | None = None
+    version: int | None = None
+    changes: dict[str, Any]  # {field: {before, after}}
+    other_point_id: str | None = None
+
+
+class MemoryEventPage(Model):
+    next: str | None
+    previous: str | None
+    results: list[MemoryEvent]
 
 
 class StoredMemory(Model):
@@ -177,6 +200,27 @@ class Consolidation(Model):
     finished_at: datetime | None = None
 
 
+# Agents --------------------------------------------------------------------------------------
+
+
+class ErasureCounts(Model):
+    sessions: int
+    consolidations: int
+    memory_items: int
+    memory_events: int
+    experiences: int
+    dream_cycles: int
+    dream_cycle_items: int
+
+
+class AgentErasure(Model):
+    agent_id: str
+    erased_at: datetime
+    actor: str
+    counts: ErasureCounts
+    erased_now: bool  # False: nothing was left, this is the last erasure's record
+
+
 # Experience replay ---------------------------------------------------------------------------
 
 
@@ -196,6 +240,7 @@ class Experience(Model):
     expires_at: datetime | None = None
     times_sampled: int = 0
     last_sampled_at: datetime | None = None
+    retired_at: datetime | None = None  # drawn max_times_sampled times: no longer sampled
 
 
 class ExperienceCreatedItem(Model):
@@ -233,6 +278,28 @@ class ReplayBatch(Model):
     beta: float
     seed: int | None
     items: list[ReplayItem]
+
+
+class ReplayLimiter(Model):
+    inserts: int
+    samples: int
+    size: int
+    ratio: float | None
+    allowed: float
+    inserts_needed: int
+
+
+class ReplaySettings(Model):
+    agent_id: str
+    max_size: int
+    remover: str
+    max_times_sampled: int
+    min_size: int
+    samples_per_insert: float
+    spi_tolerance: float
+    alpha: float
+    customized: bool  # False: the agent has the defaults
+    limiter: ReplayLimiter
 
 
 # Dream cycles --------------------------------------------------------------------------------

@@ -32,7 +32,7 @@ from .selectors import ExperienceRow
 
 ID_PATTERN = re.compile(r"^[A-Za-z0-9._:@-]{1,256}\Z")
 # Paths under /experience/ that an id could otherwise shadow.
-RESERVED_IDS = {"stats", "replay", "td-error"}
+RESERVED_IDS = {"stats", "replay", "td-error", "settings"}
 MAX_TASK_CHARS = 20_000
 MAX_TEXT_CHARS = 100_000
 MAX_TOOL_CALLS = 1_000
@@ -41,6 +41,7 @@ MAX_METADATA_BYTES = 64_000
 MAX_BATCH = 1_000
 MAX_TD_UPDATES = 10_000
 MAX_REPLAY_BATCH = 4_096
+MAX_WAIT_MS = 10_000
 STRATEGIES = ("prioritized", "recency", "uniform")
 
 
@@ -397,6 +398,7 @@ class ExperienceOutSerializer(serializers.ModelSerializer):
             "expires_at",
             "times_sampled",
             "last_sampled_at",
+            "retired_at",
         ]
 
     def to_representation(self, instance: Experience | ExperienceRow) -> dict[str, Any]:
@@ -419,6 +421,7 @@ class ExperienceOutSerializer(serializers.ModelSerializer):
             "expires_at": _timestamp(instance.expires_at),
             "times_sampled": instance.times_sampled,
             "last_sampled_at": _timestamp(instance.last_sampled_at),
+            "retired_at": _timestamp(instance.retired_at),
         }
 
 
@@ -469,14 +472,104 @@ class ReplayQuerySerializer(serializers.Serializer):
     seed = serializers.IntegerField(min_value=0, max_value=2**63 - 1, required=False)
     min_size = serializers.IntegerField(min_value=1, default=1)
     stratified = serializers.BooleanField(default=False)
+    wait_ms = serializers.IntegerField(
+        min_value=0,
+        max_value=MAX_WAIT_MS,
+        default=0,
+        help_text="With the agent's rate limiter on: wait up to this long for inserts, "
+        "instead of answering 429 at once.",
+    )
 
     def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
-        attrs.setdefault("alpha", settings.REPLAY_ALPHA)
+        # alpha left out: the agent's own (its replay settings); beta: REPLAY_BETA.
         attrs.setdefault("beta", settings.REPLAY_BETA)
         for name in ("alpha", "beta", "half_life"):
-            if not math.isfinite(attrs[name]):
+            if name in attrs and not math.isfinite(attrs[name]):
                 raise serializers.ValidationError({name: ["A finite number is required."]})
         return attrs
+
+
+class ReplayRateLimitedSerializer(serializers.Serializer):
+    """A 429 of GET /experience/replay: the agent's rate limiter (all fields), or the key's
+    request throttle (`detail` only)."""
+
+    detail = serializers.CharField()
+    ratio = serializers.FloatField(
+        required=False, allow_null=True, help_text="Samples per insert so far."
+    )
+    samples = serializers.IntegerField(required=False, help_text="Draws the limiter granted.")
+    inserts = serializers.IntegerField(required=False)
+    inserts_needed = serializers.IntegerField(
+        required=False, help_text="Inserts to wait for before this draw is granted."
+    )
+    samples_per_insert = serializers.FloatField(required=False)
+    spi_tolerance = serializers.FloatField(required=False)
+    min_size = serializers.IntegerField(required=False)
+
+
+REMOVERS = ("fifo", "lowest_priority")
+
+
+class ReplaySettingsQuerySerializer(serializers.Serializer):
+    # Not trimmed, so that the maxLength the schema states holds of the value as sent.
+    agent_id = StrictCharField(max_length=256, trim_whitespace=False)
+
+
+class ReplaySettingsInSerializer(serializers.Serializer):
+    """PUT /experience/settings: each setting left out takes its default (REPLAY_*)."""
+
+    agent_id = StrictCharField(max_length=256, trim_whitespace=False)
+    max_size = StrictIntegerField(
+        min_value=0, max_value=MAX_COUNT, required=False, help_text="Capacity; 0: none."
+    )
+    remover = serializers.ChoiceField(
+        choices=REMOVERS,
+        required=False,
+        help_text="Which items go past max_size: fifo (oldest first) or lowest_priority.",
+    )
+    max_times_sampled = StrictIntegerField(
+        min_value=0,
+        max_value=2**31 - 1,
+        required=False,
+        help_text="An item drawn this many times is retired; 0: no cap.",
+    )
+    min_size = StrictIntegerField(
+        min_value=0,
+        max_value=MAX_COUNT,
+        required=False,
+        help_text="The rate limiter grants no draw before the agent holds this many items.",
+    )
+    samples_per_insert = StrictFloatField(
+        min_value=0, max_value=1e9, required=False, help_text="0: no rate limiter."
+    )
+    spi_tolerance = StrictFloatField(
+        min_value=0, max_value=1e12, required=False, help_text="Draws granted ahead of the ratio."
+    )
+    alpha = StrictFloatField(
+        min_value=0, max_value=10, required=False, help_text="The agent's default PER exponent."
+    )
+
+
+class ReplayLimiterSerializer(serializers.Serializer):
+    inserts = serializers.IntegerField()
+    samples = serializers.IntegerField()
+    size = serializers.IntegerField()
+    ratio = serializers.FloatField(allow_null=True, help_text="Samples per insert so far.")
+    allowed = serializers.FloatField(help_text="Draws the limiter would grant now.")
+    inserts_needed = serializers.IntegerField(help_text="Before a draw of one is granted.")
+
+
+class ReplaySettingsOutSerializer(serializers.Serializer):
+    agent_id = serializers.CharField()
+    max_size = serializers.IntegerField()
+    remover = serializers.ChoiceField(choices=REMOVERS)
+    max_times_sampled = serializers.IntegerField()
+    min_size = serializers.IntegerField()
+    samples_per_insert = serializers.FloatField()
+    spi_tolerance = serializers.FloatField()
+    alpha = serializers.FloatField()
+    customized = serializers.BooleanField(help_text="False: the agent has the defaults.")
+    limiter = ReplayLimiterSerializer()
 
 
 class ReplayItemSerializer(serializers.Serializer):

@@ -19,8 +19,8 @@ from django.utils import timezone
 from ferrum_memory.core.exceptions import ServiceError, Unavailable
 from sessions.selectors import session_state_get
 
+from .models import MemoryItem
 from .selectors import MemoryHit, memory_search
-from .services import content_hash
 from .tokens import count_tokens
 
 logger = logging.getLogger(__name__)
@@ -55,7 +55,7 @@ def turn_line(message: dict[str, Any]) -> str:
     return f"{when}{speaker}: {message['content']}"
 
 
-def memory_line(item: Any) -> str:
+def memory_line(item: MemoryItem) -> str:
     return f"- [{item.created_at.date().isoformat()}, {item.kind}] {item.content}"
 
 
@@ -83,17 +83,13 @@ def _cost(taken: int, costs: Sequence[int], header: int) -> int:
     return header + sum(costs[:taken]) if taken else 0
 
 
-def _repeats_a_turn(item: Any, session_id: str, turns: Sequence[dict[str, Any]]) -> bool:
+def _repeats_a_turn(item: MemoryItem, session_id: str, turns: Sequence[dict[str, Any]]) -> bool:
     """A memory written from one of these turns (a consolidation keeps a turn whole or some of
     its sentences) would say the same thing twice."""
     if not session_id or item.session_id != session_id:
         return False
     said = " ".join(item.content.lower().split())
-    return any(
-        said in " ".join(turn["content"].lower().split())
-        or content_hash(turn["content"]) == item.content_hash
-        for turn in turns
-    )
+    return any(said in " ".join(turn["content"].lower().split()) for turn in turns)
 
 
 def memory_context(

@@ -26,6 +26,21 @@ def revision_take(*, name: str) -> int:
     return RevisionCounter.objects.values_list("value", flat=True).get(name=name)
 
 
+def revision_lock(*, name: str) -> None:
+    """Hold counter `name`'s row lock for the rest of the current transaction without taking
+    a revision: its writers wait until this transaction ends, and every write before it has
+    committed. A reader that must see the latest state and write only sometimes (a capped
+    replay draw) takes this first, then revision_take if it does write."""
+    if not transaction.get_connection().in_atomic_block:
+        raise RuntimeError("revision_lock() must run inside a transaction")
+    # SQLite runs every write transaction IMMEDIATE (settings): it holds the database's write
+    # lock already, and Django skips FOR UPDATE there.
+    locked = RevisionCounter.objects.select_for_update().filter(name=name).values_list("pk")
+    if not list(locked):
+        RevisionCounter.objects.get_or_create(name=name)
+        list(locked)
+
+
 def revision_state(*, name: str) -> tuple[int, int]:
     """(current revision, purged_through) of counter `name`; (0, 0) before its first write.
 

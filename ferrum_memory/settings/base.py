@@ -268,6 +268,22 @@ REPLAY_BETA = env.float("REPLAY_BETA", default=0.4)
 REPLAY_EPSILON = env.float("REPLAY_EPSILON", default=1e-6)
 # Tombstones older than this are purged; a replay index that fell further behind rebuilds.
 REPLAY_TOMBSTONE_RETENTION = env.int("REPLAY_TOMBSTONE_RETENTION", default=3600)
+# Replay controls: the defaults of an agent with no settings of its own (GET/PUT
+# /experience/settings and the admin set one agent's; see experience/replay_services.py).
+# Capacity per agent (0: none); past it an insert removes items by REPLAY_REMOVER (fifo:
+# oldest first, or lowest_priority) in its own transaction.
+REPLAY_MAX_SIZE = env.int("REPLAY_MAX_SIZE", default=0)
+REPLAY_REMOVER = env.str("REPLAY_REMOVER", default="fifo")
+# An item drawn this many times is retired: no replay draws it again (0: no cap).
+REPLAY_MAX_TIMES_SAMPLED = env.int("REPLAY_MAX_TIMES_SAMPLED", default=0)
+# The samples-per-insert rate limiter (Reverb's SampleToInsertRatio; 0: no limiter): replay
+# waits for REPLAY_MIN_SIZE items, then grants draws while
+# samples <= (inserts - min_size) * samples_per_insert + tolerance.
+REPLAY_MIN_SIZE = env.int("REPLAY_MIN_SIZE", default=0)
+REPLAY_SAMPLES_PER_INSERT = env.float("REPLAY_SAMPLES_PER_INSERT", default=0.0)
+REPLAY_SPI_TOLERANCE = env.float("REPLAY_SPI_TOLERANCE", default=0.0)
+# Interval of the default beat schedule that records each agent's counters for the dashboard.
+REPLAY_SNAPSHOT_SECONDS = env.int("REPLAY_SNAPSHOT_SECONDS", default=300)
 
 # DREAM CYCLES (scheduled replay handed to a learner; see experience/dream_services.py)
 # ------------------------------------------------------------------------------

@@ -16,7 +16,7 @@ from django.urls import URLPattern, URLResolver, get_resolver, reverse
 from rest_framework.test import APIClient
 
 from experience.dream_services import dream_cycle_claim, dream_cycle_run
-from experience.models import DreamCycle, Experience
+from experience.models import DreamCycle, Experience, ReplaySettings
 from ferrum_memory.core.services import api_key_create
 from memory.models import MemoryItem
 from memory.services import reset_model_check
@@ -29,6 +29,8 @@ pytestmark = pytest.mark.django_db
 OWN, OTHER = "agent-own", "agent-other"
 # Routes that need no key (DESIGN.md, Security); the admin has its own login (tested below).
 PUBLIC = {"health", "openapi", "docs"}
+# Writes that only a key not limited to agents may make (an operator's, not an agent's).
+UNRESTRICTED_ONLY = {("experience-settings", "put")}
 WRITE_METHODS = {"post", "put", "patch", "delete"}
 # POSTs that only read (their query is a body): a read-only key may send them.
 READ_POSTS = {("memory-search", "post"), ("memory-context", "post")}
@@ -123,6 +125,10 @@ CASES: dict[str, dict[str, Case]] = {
     },
     "experience-replay": {
         "get": lambda d: Request("/experience/replay", {"agent_id": d.agent_id}),
+    },
+    "experience-settings": {
+        "get": lambda d: Request("/experience/settings", {"agent_id": d.agent_id}),
+        "put": lambda d: Request("/experience/settings", {"agent_id": d.agent_id, "max_size": 99}),
     },
     "experience-detail": {
         "get": lambda d: Request(f"/experience/{d.experience_id}"),
@@ -238,6 +244,7 @@ def other_agents_rows(agent_id: str) -> dict[str, list[Any]]:
         "experience": list(Experience.objects.filter(agent_id=agent_id).values().order_by("pk")),
         "session": list(Session.objects.filter(agent_id=agent_id).values().order_by("pk")),
         "cycles": list(DreamCycle.objects.filter(agent_id=agent_id).values().order_by("pk")),
+        "replay_settings": list(ReplaySettings.objects.filter(agent_id=agent_id).values()),
     }
 
 
@@ -271,8 +278,15 @@ def test_a_key_limited_to_one_agent_never_reaches_another_agents_data(seeded, na
         assert method == "get"
         assert OTHER.encode() not in response.content
     assert other_agents_rows(OTHER) == before
-    # The same request on the key's own agent is served: the refusal above was about the agent.
     own = send(client, method, CASES[name][method](seeded[OWN]))
+    if (name, method) in UNRESTRICTED_ONLY:
+        # Refused on the key's own agent too; a key for every agent is served.
+        assert own.status_code == 403, own.content
+        unrestricted = client_for(api_key_create(name="all")[1])
+        served = send(unrestricted, method, CASES[name][method](seeded[OWN]))
+        assert 200 <= served.status_code < 300, served.content
+        return
+    # The same request on the key's own agent is served: the refusal above was about the agent.
     assert 200 <= own.status_code < 300, own.content
 
 

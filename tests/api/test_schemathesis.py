@@ -93,9 +93,18 @@ def _unique_ids(case: schemathesis.Case) -> bool:
     return len(ids) == len(set(ids))
 
 
+def _shares_add_up(case: schemathesis.Case) -> bool:
+    body = case.body if isinstance(case.body, dict) else {}
+    recent, memory = body.get("recent_share"), body.get("memory_share")
+    if not isinstance(recent, int | float) or not isinstance(memory, int | float):
+        return True
+    return abs(recent + memory - 1) <= 1e-9
+
+
 # Rules across fields, which a JSON Schema cannot state: valid cases keep to them.
 CROSS_FIELD_RULES = {
     ("POST", "/memory/search"): _ordered_range,
+    ("POST", "/memory/context"): _shares_add_up,
     ("GET", "/memory/"): _ordered_range,
     ("POST", "/experience/"): _unique_ids,
 }

@@ -86,15 +86,23 @@ class MemoryListQuerySerializer(serializers.Serializer):
         choices=MemoryItem.Source.choices, required=False
     )
     sensitivity = serializers.ChoiceField(choices=MemoryItem.Sensitivity.choices, required=False)
-    # A query is read like a form: `tags=` (empty) counts as not given.
-    tags = serializers.ListField(
-        child=StrictCharField(max_length=100, allow_blank=True),
+    # One comma-separated text, not a repeated parameter: in a query a list of one tag and a
+    # plain value look alike, so a list's type could never be checked.
+    # (256 like an id: a query line must fit gunicorn's limit_request_line, 4094 bytes.)
+    tags = StrictCharField(
+        max_length=256,
         required=False,
-        max_length=MAX_TAGS,
-        help_text="Items with every tag given (repeat the parameter for several).",
+        allow_blank=True,
+        help_text="Comma-separated tags: items with every one of them.",
     )
     created_after = serializers.DateTimeField(required=False)
     created_before = serializers.DateTimeField(required=False)
+
+    def validate_tags(self, value: str) -> list[str]:
+        tags = [tag.strip() for tag in value.split(",") if tag.strip()]
+        if len(tags) > MAX_TAGS or any(len(tag) > 100 for tag in tags):
+            raise serializers.ValidationError(f"At most {MAX_TAGS} tags of 100 characters.")
+        return tags
 
     def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
         return _created_range(attrs)

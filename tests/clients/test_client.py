@@ -78,6 +78,8 @@ MODELS = {
     m.MemoryEventPage: "PaginatedMemoryEventList",
     m.ErasureCounts: "ErasureCounts",
     m.AgentErasure: "AgentErasure",
+    m.ImportCounts: "ImportCounts",
+    m.AgentImport: "AgentImport",
     m.ReplayLimiter: "ReplayLimiter",
     m.ReplaySettings: "ReplaySettingsOut",
     m.Message: "Message",
@@ -223,11 +225,18 @@ def test_memory_list_update_history_and_agent_erasure(client, agent_id):
         "before": "The office is on floor 3.",
         "after": "The office is on floor 4.",
     }
+    exported = client.agent_export(agent_id=agent_id)
+    assert b"The office is on floor 4." in exported
     erased = client.agent_erase(agent_id=agent_id)
     assert erased.erased_now and erased.counts.memory_items == 2
     assert client.memory_list(agent_id=agent_id).results == []
     again = client.agent_erase(agent_id=agent_id)  # safe to retry: the last erasure's record
     assert not again.erased_now and again.counts.memory_items == 2
+    imported = client.agent_import(agent_id=agent_id, data=exported)
+    assert isinstance(imported, m.AgentImport) and imported.imported.memory_items == 2
+    assert len(client.memory_list(agent_id=agent_id).results) == 2
+    with pytest.raises(BadRequestError):
+        client.agent_import(agent_id=agent_id, data=b"not json\n")
 
 
 def test_replay_settings(client, agent_id):

@@ -39,7 +39,9 @@ class Call(Generic[R]):
     read: Callable[[httpx.Response], R]
     path: Mapping[str, Any] = field(default_factory=dict)
     query: Mapping[str, Any] | None = None
-    body: Any = None
+    body: Any = None  # sent as JSON
+    content: bytes | None = None  # sent as it is, with `content_type`
+    content_type: str = "application/json"
 
 
 def parsed(model: Any) -> Callable[[httpx.Response], Any]:
@@ -64,6 +66,8 @@ class Request:
     idempotent: bool
     params: dict[str, Any] | None
     json: Any
+    content: bytes | None = None
+    content_type: str = "application/json"
 
 
 class Operation(Generic[P, R]):
@@ -84,7 +88,10 @@ class Operation(Generic[P, R]):
                 for k, v in call.query.items()
                 if v is not None
             }
-        return Request(self.method, url, self.idempotent, params, call.body), call
+        request = Request(
+            self.method, url, self.idempotent, params, call.body, call.content, call.content_type
+        )
+        return request, call
 
     @overload
     def __get__(self, obj: None, owner: type) -> Operation[P, R]: ...
@@ -130,8 +137,10 @@ class _Transport:
         self.timeout = timeout
         self.retry = retry or RetryPolicy()
 
-    def _headers(self) -> dict[str, str]:
+    def _headers(self, request: Request) -> dict[str, str]:
         headers = {"Accept": "application/json", "User-Agent": "ferrum-memory-client/0.1"}
+        if request.content is not None:
+            headers["Content-Type"] = request.content_type
         if self.api_key:
             headers["Authorization"] = f"Bearer {self.api_key}"
         return headers
@@ -185,7 +194,8 @@ class SyncTransport(_Transport):
                     self.base_url + request.url,
                     params=request.params,
                     json=request.json,
-                    headers=self._headers(),
+                    content=request.content,
+                    headers=self._headers(request),
                 )
             except httpx.TransportError as exc:
                 error = exc
@@ -230,7 +240,8 @@ class AsyncTransport(_Transport):
                     self.base_url + request.url,
                     params=request.params,
                     json=request.json,
-                    headers=self._headers(),
+                    content=request.content,
+                    headers=self._headers(request),
                 )
             except httpx.TransportError as exc:
                 error = exc

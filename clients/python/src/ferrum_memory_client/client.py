@@ -24,6 +24,7 @@ from ._base import AsyncTransport, Call, SyncTransport, nothing, operation, pars
 from .errors import ConflictError
 from .models import (
     AgentErasure,
+    AgentImport,
     ClaimedDreamCycle,
     Consolidation,
     DreamCompletion,
@@ -239,7 +240,7 @@ class Operations:
             kind=kind,
             source=source,
             sensitivity=sensitivity,
-            tags=tags,
+            tags=",".join(tags) if tags else None,  # items with every one of them
             created_after=created_after,
             created_before=created_before,
             cursor=cursor,
@@ -363,6 +364,23 @@ class Operations:
         """Erase everything of one agent (memories and their history, sessions, experiences,
         dream cycles), with the counts of what was deleted."""
         return Call(parsed(AgentErasure), path={"agent_id": agent_id})
+
+    @operation("GET", "/agents/{agent_id}/export", idempotent=True)
+    def agent_export(*, agent_id: str) -> Call[bytes]:
+        """Everything of one agent as JSON Lines (memories with embeddings and history,
+        sessions, experiences, dream cycles), for `agent_import` here or elsewhere."""
+        return Call(lambda response: response.content, path={"agent_id": agent_id})
+
+    @operation("POST", "/agents/{agent_id}/import", idempotent=False)
+    def agent_import(*, agent_id: str, data: bytes) -> Call[AgentImport]:
+        """Bring an `agent_export` file back, all or nothing (BadRequestError names a bad
+        line); items already there are skipped."""
+        return Call(
+            parsed(AgentImport),
+            path={"agent_id": agent_id},
+            content=data,
+            content_type="application/x-ndjson",
+        )
 
     # Experience replay -----------------------------------------------------------------------
 

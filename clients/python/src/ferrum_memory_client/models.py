@@ -221,6 +221,21 @@ class AgentErasure(Model):
     erased_now: bool  # False: nothing was left, this is the last erasure's record
 
 
+class ImportCounts(Model):
+    memory_items: int
+    memory_events: int
+    experiences: int
+    sessions: int
+    dream_cycles: int
+
+
+class AgentImport(Model):
+    agent_id: str
+    imported: ImportCounts
+    skipped: ImportCounts  # already there
+    reembedded: int  # items whose file's embedding model differs from the service's
+
+
 # Experience replay ---------------------------------------------------------------------------
 
 

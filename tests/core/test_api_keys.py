@@ -86,3 +86,19 @@ def test_throttle_is_per_key(monkeypatch):
     second = client_for(api_key_create(name="b")[1])
     assert [first.get("/stats").status_code for _ in range(4)] == [200, 200, 200, 429]
     assert second.get("/stats").status_code == 200
+
+
+def test_throttle_window_says_when_it_ends_and_the_next_one_starts_afresh(monkeypatch):
+    from ferrum_memory.core.throttling import ApiKeyRateThrottle
+
+    monkeypatch.setattr(ApiKeyRateThrottle, "THROTTLE_RATES", {"api_key": "2/min"})
+    # The throttle's clock, moved by hand so a test need not wait a minute: 10 s into a window.
+    clock = [60.0 * 1000 + 10.0]
+    monkeypatch.setattr(ApiKeyRateThrottle, "timer", lambda self: clock[0])
+    client = client_for(api_key_create(name="a")[1])
+    assert [client.get("/stats").status_code for _ in range(3)] == [200, 200, 429]
+    over = client.get("/stats")
+    assert over.status_code == 429
+    assert over["Retry-After"] == "50"
+    clock[0] += 50.0  # the next window
+    assert client.get("/stats").status_code == 200

@@ -51,6 +51,18 @@ def finite_number(data: Any) -> float | None:
     return number if math.isfinite(number) else None
 
 
+def whole_number(data: Any) -> int | None:
+    """The integer a JSON number stands for, or None. A number with no fraction is an integer
+    (JSON Schema says so: a client may send 3.0 for 3); a string or a boolean is not."""
+    if isinstance(data, bool):
+        return None
+    if isinstance(data, int):
+        return data
+    if isinstance(data, float) and math.isfinite(data) and data.is_integer():
+        return int(data)
+    return None
+
+
 class StrictFloatField(serializers.FloatField):
     """A JSON number that is finite: no strings, booleans, NaN or infinity."""
 
@@ -68,9 +80,10 @@ class StrictIntegerField(serializers.IntegerField):
     default_error_messages = {"invalid": "An integer is required."}
 
     def to_internal_value(self, data: Any) -> int:
-        if isinstance(data, bool) or not isinstance(data, int):
+        number = whole_number(data)
+        if number is None:
             self.fail("invalid")
-        return super().to_internal_value(data)
+        return super().to_internal_value(number)
 
 
 def _surrogate_error(value: str) -> str | None:
@@ -130,7 +143,8 @@ def validate_experience_id(value: str) -> None:
 
 class ToolCallRecordSerializer(serializers.Serializer):
     name = CharField(max_length=256)
-    arguments = serializers.JSONField(default=dict)
+    # null too: a client that has no arguments may say so either way.
+    arguments = serializers.JSONField(default=dict, allow_null=True)
     output = serializers.JSONField(default=None, allow_null=True)
     error = CharField(max_length=MAX_TEXT_CHARS, allow_null=True, allow_blank=True, default=None)
     duration_ms = StrictFloatField(min_value=0, allow_null=True, default=None)
@@ -215,7 +229,8 @@ def _whole(maximum: int) -> Callable[[Any], int]:
     def check(value: Any) -> int:
         if value is None:
             raise ValidationError(["This field may not be null."])
-        if isinstance(value, bool) or not isinstance(value, int):
+        value = whole_number(value)
+        if value is None:
             raise ValidationError(["An integer is required."])
         if value < 0:
             raise ValidationError(["Ensure this value is greater than or equal to 0."])
@@ -297,7 +312,7 @@ Shape = tuple[tuple[str, Callable[[Any], Any], Any], ...]  # (key, check, defaul
 
 TOOL_CALL: Shape = (
     ("name", _text(max_length=256), REQUIRED),
-    ("arguments", _json(null=False), dict),
+    ("arguments", _json(null=True), dict),
     ("output", _json(null=True), lambda: None),
     ("error", _text(max_length=MAX_TEXT_CHARS, blank=True, null=True), lambda: None),
     ("duration_ms", _duration, lambda: None),

@@ -1,5 +1,3 @@
-from typing import Any
-
 from rest_framework import serializers
 
 from experience.serializers import (
@@ -92,17 +90,14 @@ class MemorySearchSerializer(serializers.Serializer):
         child=StrictCharField(max_length=100), default=list, max_length=MAX_TAGS
     )
     session_id = StrictCharField(max_length=256, required=False, allow_blank=True, default="")
-    created_after = serializers.DateTimeField(required=False)
-    created_before = serializers.DateTimeField(required=False)
+    created_after = serializers.DateTimeField(
+        required=False, help_text="Items created at or after this instant."
+    )
+    created_before = serializers.DateTimeField(
+        required=False,
+        help_text="Items created at or before this instant; earlier than created_after: none.",
+    )
     min_importance = StrictFloatField(min_value=0, max_value=1, required=False)
-
-    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
-        after, before = attrs.get("created_after"), attrs.get("created_before")
-        if after and before and after > before:
-            raise serializers.ValidationError(
-                {"created_before": ["Must not be before created_after."]}
-            )
-        return attrs
 
 
 class MemoryHitSerializer(serializers.Serializer):

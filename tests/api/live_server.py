@@ -22,6 +22,11 @@ SCALED_OUT = ("DATABASE_URL", "REDIS_URL", "CELERY_BROKER_URL", "QDRANT_URL")
 class LiveServer:
     base_url: str
     api_key: str
+    env: dict[str, str]
+
+    def manage(self, *args: str) -> str:
+        """A manage.py command on the server's database and settings."""
+        return _manage(self.env, *args)
 
 
 def _free_port() -> int:
@@ -78,7 +83,7 @@ def live_server(data_dir: Path, **extra_env: str) -> Iterator[LiveServer]:
                 if time.monotonic() > deadline:
                     raise
                 time.sleep(0.2)
-        yield LiveServer(base_url=base_url, api_key=api_key)
+        yield LiveServer(base_url=base_url, api_key=api_key, env=env)
     finally:
         server.terminate()  # SIGTERM: gunicorn's graceful shutdown
         server.wait(timeout=60)

@@ -192,8 +192,7 @@ def describe_nul_free_bodies(result: dict[str, Any], **kwargs: Any) -> dict[str,
             for media in operation.get("requestBody", {}).get("content", {}).values():
                 media["schema"] = _nul_free(media["schema"])
     result["paths"] = _tidied(result["paths"])
-    result["components"]["schemas"] = _tidied(schemas)
-    schemas[JSON_VALUE] = _JSON_VALUE_SCHEMA
+    result["components"]["schemas"] = {**_tidied(schemas), JSON_VALUE: _JSON_VALUE_SCHEMA}
     return result
 
 

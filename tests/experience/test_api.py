@@ -509,3 +509,16 @@ def test_strict_float_rejects_non_finite_directly():
         with pytest.raises(Exception, match="finite number"):
             field.to_internal_value(bad)
     assert field.to_internal_value(2) == 2.0
+
+
+def test_a_whole_number_float_is_an_integer_and_tool_call_arguments_may_be_null(api_client):
+    # JSON Schema counts 60.0 as an integer, and the schema allows null arguments: a client
+    # generated from the schema may send either.
+    body = experience_json(ttl_seconds=60.0)
+    body["tool_calls"] = [{"name": "ls", "arguments": None}]
+    response = api_client.post("/experience/", body, format="json")
+    assert response.status_code == 201, response.json()
+    assert response.json()["tool_calls"][0]["arguments"] is None
+    halves = experience_json(ttl_seconds=60.5)
+    assert api_client.post("/experience/", halves, format="json").status_code == 400
+    assert api_client.post("/experience/", [halves], format="json").status_code == 400

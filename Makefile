@@ -13,8 +13,11 @@ $(VENV)/.installed: requirements.txt | $(BIN)/python
 	$(BIN)/pip install --quiet -r requirements.txt
 	touch $@
 
-$(VENV)/.installed-dev: requirements.txt requirements-dev.txt | $(BIN)/python
+# The client package (SDK, MCP server, learner loop) installs editable, so that its console
+# script `ferrum-memory-mcp` runs this checkout's code; its tests run with the rest.
+$(VENV)/.installed-dev: requirements.txt requirements-dev.txt clients/python/pyproject.toml | $(BIN)/python
 	$(BIN)/pip install --quiet -r requirements-dev.txt
+	$(BIN)/pip install --quiet -e ./clients/python
 	touch $@ $(VENV)/.installed
 
 install: $(VENV)/.installed

@@ -131,7 +131,8 @@ def part_tree(args: argparse.Namespace) -> None:
 
 # http ------------------------------------------------------------------------------------
 
-BENCH_DB = "ferrum_bench"
+# FERRUM_BENCH_DB: another database name, so that two people on one server do not share one.
+BENCH_DB = os.environ.get("FERRUM_BENCH_DB", "ferrum_bench")
 PG_SERVER = "host=127.0.0.1 port=5432 user=postgres"
 BENCH_DATABASE_URL = f"postgres://postgres@127.0.0.1:5432/{BENCH_DB}"
 AGENTS = [f"agent-{i:02d}" for i in range(10)]
@@ -363,6 +364,13 @@ def _prepare_database(env: dict[str, str], rows: int, reuse: bool, seed: int) ->
             "SET value = GREATEST(core_revisioncounter.value, EXCLUDED.value)",
             (LOADED_REVISION,),
         )
+    # COPY bypasses the agents' replay counters too (size, inserts): count them from the rows.
+    _manage(
+        env,
+        "shell",
+        "-c",
+        "from experience.replay_services import replay_state_recount; replay_state_recount()",
+    )
     loaded_in = time.perf_counter() - start
     start = time.perf_counter()
     with psycopg.connect(f"{PG_SERVER} dbname={BENCH_DB}", autocommit=True) as conn:
@@ -570,6 +578,25 @@ def _ingest_rate(
     )
 
 
+def _put_settings(client: _Client, agent_id: str, **values: object) -> dict[str, Any]:
+    """PUT an agent's replay settings (each one left out: its default); its answer."""
+    body = json.dumps({"agent_id": agent_id, **values}).encode()
+    return json.loads(_checked(client, "PUT", "/experience/settings", body))
+
+
+def _capacity_at_current_size(client: _Client) -> int:
+    """Give every agent a capacity equal to its size now, so each insert evicts one item;
+    return the total capacity."""
+    total = 0
+    for agent in AGENTS:
+        size = json.loads(_checked(client, "GET", f"/experience/settings?agent_id={agent}"))[
+            "limiter"
+        ]["size"]
+        _put_settings(client, agent, max_size=size)
+        total += size
+    return total
+
+
 def _row_count() -> int:
     import psycopg
 
@@ -603,7 +630,7 @@ def part_http(args: argparse.Namespace) -> None:
         rng = np.random.default_rng(args.seed + 1)
         bodies = [
             json.dumps(list(_fake_experiences(rng, args.ingest_batch, with_td=False))).encode()
-            for _ in range(2 * args.ingest_requests)
+            for _ in range(4 * args.ingest_requests)  # half without a capacity, half at one
         ]
         with _gunicorn(env, Path(data_dir) / "gunicorn.log") as (port, pid):
             client, meter = _Client(port, key), _CpuMeter(pid)
@@ -628,12 +655,46 @@ def part_http(args: argparse.Namespace) -> None:
                 rows.append(
                     (f"replay {label}", figure, target, verdict(p50 <= TARGET_REPLAY_P50_MS))
                 )
-            client.close()
-            half, target = args.ingest_requests, f">= {TARGET_INGEST_PER_S:,.0f} /s"
-            for threads, chunk in ((1, bodies[:half]), (args.clients, bodies[half:])):
+            # The replay controls on ONE_AGENT: the rate limiter at a ratio it never reaches (so
+            # every request pays for its grant, one conditional UPDATE, and none is refused),
+            # then the sampling cap at a count never reached (each request counts its draws in
+            # its own transaction, holding the experience write lock).
+            query = f"strategy=prioritized&agent_id={ONE_AGENT}&batch_size={args.batch}"
+            for label, values in (
+                ("rate limiter on", {"samples_per_insert": 1e6, "spi_tolerance": 1e12}),
+                ("sampling cap on", {"max_times_sampled": 10**9}),
+            ):
+                _put_settings(client, ONE_AGENT, **values)
+                p50, figure = _replay_latency(client, meter, query, args.repeats)
+                rows.append(
+                    (
+                        f"replay prioritized, {ONE_AGENT}, {label}",
+                        figure,
+                        target,
+                        verdict(p50 <= TARGET_REPLAY_P50_MS),
+                    )
+                )
+            _put_settings(client, ONE_AGENT)  # the defaults again
+            n, target = args.ingest_requests, f">= {TARGET_INGEST_PER_S:,.0f} /s"
+            chunks = [bodies[i * n : (i + 1) * n] for i in range(4)]
+            for threads, chunk in ((1, chunks[0]), (args.clients, chunks[1])):
                 rate, figure = _ingest_rate(port, key, meter, chunk, threads)
-                label = f"ingest {half} x {args.ingest_batch:,}, {threads} client thread(s)"
+                label = f"ingest {n} x {args.ingest_batch:,}, {threads} client thread(s)"
                 rows.append((label, figure, target, verdict(rate >= TARGET_INGEST_PER_S)))
+            # At capacity: each agent's max_size is its size now, so each insert evicts one
+            # item (fifo) in its transaction, and the buffer stays the same size.
+            capacity = _capacity_at_current_size(client)
+            for threads, chunk in ((1, chunks[2]), (args.clients, chunks[3])):
+                rate, figure = _ingest_rate(port, key, meter, chunk, threads)
+                label = (
+                    f"ingest {n} x {args.ingest_batch:,} at capacity {capacity:,} (each evicts "
+                    f"one), {threads} client thread(s)"
+                )
+                rows.append((label, figure, target, verdict(rate >= TARGET_INGEST_PER_S)))
+            rows.append(("rows at capacity", f"{_row_count():,} (capacity {capacity:,})", "", ""))
+            for agent in AGENTS:
+                _put_settings(client, agent)
+            client.close()
             meter.close()
         rows.append(("rows after ingestion", f"{_row_count():,}", "", ""))
     # Every process on the machine shares its CPUs: a load above the CPU count means the

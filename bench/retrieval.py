@@ -150,11 +150,19 @@ def _evidence(raw: Iterable[str]) -> set[tuple[int, int]]:
     return {(int(s), int(t)) for text in raw for s, t in DIA_ID.findall(text)}
 
 
-def part_locomo(args: argparse.Namespace) -> None:
-    conversations = json.loads(LOCOMO_FILE.read_text())[: args.locomo_conversations]
+def locomo_conversations(count: int | None = None) -> list[dict[str, Any]]:
+    return json.loads(LOCOMO_FILE.read_text())[:count]
+
+
+def locomo_agent(conv: dict[str, Any]) -> str:
+    return f"locomo-{conv['sample_id']}"
+
+
+def locomo_items(conversations: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Every turn of every conversation as a memory item of the conversation's agent."""
     items: list[dict[str, Any]] = []
     for conv in conversations:
-        agent = f"locomo-{conv['sample_id']}"
+        agent = locomo_agent(conv)
         talk = conv["conversation"]
         for key, turns in talk.items():
             match = re.fullmatch(r"session_(\d+)", key)
@@ -174,15 +182,26 @@ def part_locomo(args: argparse.Namespace) -> None:
                         },
                     }
                 )
-    report = store_all(items, "dia_id", "locomo")
+    return items
 
+
+def locomo_questions(
+    conversations: Sequence[dict[str, Any]],
+) -> list[tuple[str, str, set[tuple[int, int]]]]:
+    """(agent, question, evidence turns) of categories 1-4, the questions with evidence."""
     questions = [
-        (f"locomo-{conv['sample_id']}", qa["question"], _evidence(qa.get("evidence", [])))
+        (locomo_agent(conv), qa["question"], _evidence(qa.get("evidence", [])))
         for conv in conversations
         for qa in conv["qa"]
         if qa.get("category") in LOCOMO_CATEGORIES
     ]
-    questions = [q for q in questions if q[2]]  # a handful carry no usable evidence id
+    return [q for q in questions if q[2]]  # a handful carry no usable evidence id
+
+
+def part_locomo(args: argparse.Namespace) -> None:
+    conversations = locomo_conversations(args.locomo_conversations)
+    report = store_all(locomo_items(conversations), "dia_id", "locomo")
+    questions = locomo_questions(conversations)
     top = max(LOCOMO_KS)
     turn_hits: dict[str, dict[int, int]] = {m: dict.fromkeys(LOCOMO_KS, 0) for m in MODES}
     session_hits: dict[str, dict[int, int]] = {m: dict.fromkeys(LOCOMO_KS, 0) for m in MODES}

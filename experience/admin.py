@@ -12,7 +12,9 @@ from django.utils.html import format_html
 
 from .dashboard import dashboard_context
 from .dream_services import dream_cycle_delete_many, dream_cycle_release
-from .models import DreamCycle, DreamCycleItem, Experience
+from .models import DreamCycle, DreamCycleItem, Experience, ReplaySettings, ReplayState
+from .replay_selectors import SETTING_NAMES, replay_defaults
+from .replay_services import replay_settings_put, replay_state_recount
 from .services import (
     experience_curate,
     experience_delete_many,
@@ -56,6 +58,21 @@ class SampledFilter(admin.SimpleListFilter):
         return queryset
 
 
+class RetiredFilter(admin.SimpleListFilter):
+    title = "retired"
+    parameter_name = "retired"
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
+        return [("yes", "Retired by the sampling cap"), ("no", "Sampleable")]
+
+    def queryset(
+        self, request: HttpRequest, queryset: QuerySet[Experience]
+    ) -> QuerySet[Experience]:
+        if self.value() in ("yes", "no"):
+            return queryset.filter(retired_at__isnull=self.value() == "no")
+        return queryset
+
+
 def _pretty(value: Any) -> str:
     return format_html("<pre>{}</pre>", json.dumps(value, indent=2, ensure_ascii=False))
 
@@ -73,10 +90,11 @@ class ExperienceAdmin(admin.ModelAdmin):
         "td_error",
         "priority",
         "times_sampled",
+        "retired_at",
         "created_at",
     )
     list_editable = ("td_error", "priority")
-    list_filter = ("agent_id", "passed", RewardSignFilter, SampledFilter)
+    list_filter = ("agent_id", "passed", RewardSignFilter, SampledFilter, RetiredFilter)
     search_fields = ("task", "experience_id")
     ordering = ("-id",)
     show_full_result_count = False  # COUNT(*) over a million rows on every page is slow
@@ -97,6 +115,7 @@ class ExperienceAdmin(admin.ModelAdmin):
         "expires_at",
         "times_sampled",
         "last_sampled_at",
+        "retired_at",
     )
     readonly_fields = tuple(f for f in fields if f not in {"td_error", "priority"})
 
@@ -253,3 +272,52 @@ class DreamCycleAdmin(admin.ModelAdmin):
                 **dashboard_context(agent_id=agent_id),
             },
         )
+
+
+@admin.register(ReplaySettings)
+class ReplaySettingsAdmin(admin.ModelAdmin):
+    """One agent's replay controls; an agent without a row has the REPLAY_* defaults (a new row
+    starts from them). Saved through the service, as PUT /experience/settings saves them."""
+
+    list_display = ("agent_id", *SETTING_NAMES, "updated_at")
+    list_filter = ("remover",)
+    search_fields = ("agent_id",)
+    ordering = ("agent_id",)
+
+    def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> tuple[str, ...]:
+        return ("agent_id",) if obj is not None else ()
+
+    def get_changeform_initial_data(self, request: HttpRequest) -> dict[str, Any]:
+        return {**replay_defaults(), **super().get_changeform_initial_data(request)}
+
+    def save_model(
+        self, request: HttpRequest, obj: ReplaySettings, form: ModelForm, change: bool
+    ) -> None:
+        replay_settings_put(
+            agent_id=obj.agent_id, values={name: getattr(obj, name) for name in SETTING_NAMES}
+        )
+
+
+@admin.register(ReplayState)
+class ReplayStateAdmin(admin.ModelAdmin):
+    """Each agent's replay counters, kept by the writes themselves: shown, and recounted from
+    the rows on demand (after rows were loaded around the service, as the bench loads them)."""
+
+    list_display = ("agent_id", "size", "inserts", "samples", "removals", "retired")
+    search_fields = ("agent_id",)
+    ordering = ("-size",)
+    actions = ("recount",)
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_recount_permission(self, request: HttpRequest) -> bool:
+        return request.user.has_perm("experience.change_replaystate")
+
+    @admin.action(description="Recount the size from the stored rows", permissions=["recount"])
+    def recount(self, request: HttpRequest, queryset: QuerySet[ReplayState]) -> None:
+        count = replay_state_recount(agent_ids=list(queryset.values_list("agent_id", flat=True)))
+        self.message_user(request, f"Recounted {count} agents.")

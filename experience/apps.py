@@ -26,6 +26,12 @@ class ExperienceConfig(AppConfig):
             task="experience.dream_cycles",
             every_seconds=settings.DREAM_INTERVAL_SECONDS,
         )
+        register_default_schedule(
+            name="experience: replay snapshots",
+            task="experience.replay_snapshot",
+            every_seconds=settings.REPLAY_SNAPSHOT_SECONDS,
+        )
+        check_replay_settings()
         register_stats("experience")(
             lambda agent_ids: {"count": experience_visible(agent_ids=agent_ids).count()}
         )
@@ -46,3 +52,16 @@ def check_dream_settings() -> None:
         )
     if settings.DREAM_INTERVAL_SECONDS < 1 or settings.DREAM_LEASE_SECONDS < 1:
         raise ImproperlyConfigured("DREAM_INTERVAL_SECONDS and DREAM_LEASE_SECONDS must be >= 1.")
+
+
+def check_replay_settings() -> None:
+    """The REPLAY_* defaults of the replay controls, checked at start-up as the API checks an
+    agent's own."""
+    if settings.REPLAY_REMOVER not in ("fifo", "lowest_priority"):
+        raise ImproperlyConfigured("REPLAY_REMOVER must be fifo or lowest_priority.")
+    counts = ("REPLAY_MAX_SIZE", "REPLAY_MAX_TIMES_SAMPLED", "REPLAY_MIN_SIZE")
+    numbers = ("REPLAY_SAMPLES_PER_INSERT", "REPLAY_SPI_TOLERANCE")
+    if any(getattr(settings, name) < 0 for name in counts + numbers):
+        raise ImproperlyConfigured(f"{', '.join(counts + numbers)} must be >= 0.")
+    if settings.REPLAY_SNAPSHOT_SECONDS < 1:
+        raise ImproperlyConfigured("REPLAY_SNAPSHOT_SECONDS must be >= 1.")

@@ -58,7 +58,30 @@ def dashboard_context(*, agent_id: str | None = None) -> dict[str, Any]:
                 title="Buffer size by agent",
                 data=[Datum(agent, n, f"{agent}: {n}") for agent, n in data["agents"]],
             ),
+            line_chart(
+                name="spi-ratio-over-time",
+                title="Samples per insert over time",
+                data=[
+                    Datum(
+                        f"{p.at:%m-%d %H:%M}",
+                        p.ratio,
+                        f"{p.at:%Y-%m-%d %H:%M}: {p.samples} samples / {p.inserts} inserts",
+                    )
+                    for p in data["history"]
+                ],
+                low=0.0,
+            ),
+            line_chart(
+                name="size-over-time",
+                title="Buffer size over time",
+                data=[
+                    Datum(f"{p.at:%m-%d %H:%M}", p.size, f"{p.at:%Y-%m-%d %H:%M}: {p.size}")
+                    for p in data["history"]
+                ],
+                low=0.0,
+            ),
         ],
+        "controls": data["controls"],
         "recent_cycles": data["recent_cycles"],
         "cycle_counts": data["cycle_counts"],
     }

@@ -11,6 +11,7 @@ from django.db.models.functions import Abs, Trunc
 from ferrum_memory.core.exceptions import NotFound
 
 from .models import DreamCycle, Experience
+from .replay_selectors import replay_controls_table, replay_history
 from .selectors import experience_in_bulk, experience_visible
 
 HISTOGRAM_BINS = 20
@@ -20,9 +21,11 @@ RECENT_CYCLES = 20
 
 
 def dream_agents_due(*, min_experiences: int, now: datetime | None = None) -> list[str]:
-    """Agents holding at least `min_experiences` unexpired experiences, in name order."""
+    """Agents holding at least `min_experiences` unexpired, unretired experiences, in name
+    order."""
     return list(
         experience_visible(now=now)
+        .filter(retired_at=None)
         .values("agent_id")
         .annotate(n=Count("id"))
         .filter(n__gte=max(1, min_experiences))
@@ -140,6 +143,8 @@ def replay_dashboard(*, agent_id: str | None = None) -> dict[str, Any]:
     )
     bucket_kind, buckets = reward_over_time(experiences)
     return {
+        "controls": replay_controls_table(agent_id=agent_id),
+        "history": replay_history(agent_id=agent_id),
         "priority_bins": histogram(experiences, "priority"),
         "td_error_bins": histogram(experiences.exclude(td_error=None), "td_error"),
         "bucket_kind": bucket_kind,

@@ -5,14 +5,10 @@ from typing import Any
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
+from ferrum_memory.core.fields import StrictCharField, StrictFloatField, StrictIntegerField
+
 from .models import DreamCycle, DreamCycleItem
-from .serializers import (
-    MAX_REPLAY_BATCH,
-    CharField,
-    ExperienceOutSerializer,
-    StrictFloatField,
-    StrictIntegerField,
-)
+from .serializers import MAX_REPLAY_BATCH, ExperienceOutSerializer
 
 MAX_LEASE_SECONDS = 86_400
 
@@ -88,8 +84,8 @@ class DreamCycleClaimedSerializer(DreamCycleDetailSerializer):
 
 
 class DreamClaimSerializer(serializers.Serializer):
-    agent_id = CharField(max_length=256)
-    learner = CharField(
+    agent_id = StrictCharField(max_length=256)
+    learner = StrictCharField(
         max_length=256, required=False, help_text="Who claims; default: the API key's name."
     )
     lease_seconds = StrictIntegerField(
@@ -101,12 +97,12 @@ class DreamClaimSerializer(serializers.Serializer):
 
 
 class DreamTdErrorSerializer(serializers.Serializer):
-    experience_id = CharField(max_length=256)
+    experience_id = StrictCharField(max_length=256)
     td_error = StrictFloatField()
 
 
 class DreamTdErrorReportSerializer(serializers.Serializer):
-    lease_token = CharField(max_length=64)
+    lease_token = StrictCharField(max_length=64)
     td_errors = DreamTdErrorSerializer(  # type: ignore[call-arg]  # max_length: list kwarg
         many=True, allow_empty=False, max_length=MAX_REPLAY_BATCH
     )

@@ -16,14 +16,14 @@ from django.db import transaction
 from django.db.models import Count, F, Max, Q, QuerySet
 from django.utils import timezone
 
-from ferrum_memory.core.exceptions import Conflict
+from ferrum_memory.core.exceptions import Conflict, ServiceError, TooManyRequests
 from ferrum_memory.core.metrics import DREAM_CYCLES
 from ferrum_memory.core.telemetry import traced
 
 from .dream_selectors import dream_agents_due, dream_cycle_get
 from .models import DreamCycle, DreamCycleItem, DreamLock
-from .selectors import replay_sample
-from .services import experience_mark_sampled, experience_td_error_update
+from .replay_services import replay_draw
+from .services import experience_td_error_update
 
 RUN_LOCK = "dream-cycles"
 
@@ -81,25 +81,29 @@ def dream_run_lock() -> Iterator[bool]:
 def dream_cycle_run(
     *, agent_id: str, seed: int | None = None, now: datetime | None = None
 ) -> DreamCycle:
-    """Draw one batch for `agent_id` with the configured strategy, record it, mark it sampled.
+    """Draw one batch for `agent_id` with the configured strategy and the agent's alpha, under
+    its replay controls; record it; mark it sampled.
 
     Raises Conflict (409) when the agent holds fewer than DREAM_MIN_EXPERIENCES sampleable
-    experiences. Callers hold the run lock, so the cycle number cannot be taken twice."""
+    experiences, TooManyRequests (429) when its rate limiter grants no batch now. Callers hold
+    the run lock, so the cycle number cannot be taken twice."""
     now = now or timezone.now()
     seed = secrets.randbits(63) if seed is None else seed
     last = DreamCycle.objects.filter(agent_id=agent_id).aggregate(top=Max("number"))["top"]
     number = (last or 0) + 1
-    batch = replay_sample(
-        strategy=settings.DREAM_STRATEGY,
-        batch_size=settings.DREAM_BATCH_SIZE,
-        alpha=settings.REPLAY_ALPHA,
-        beta=dream_beta(number=number),
-        half_life=settings.DREAM_HALF_LIFE,
-        agent_id=agent_id,
-        seed=seed,
-        min_size=max(1, settings.DREAM_MIN_EXPERIENCES),
-    )
+    # One transaction: a cycle that fails to be recorded leaves no draws granted or counted.
     with transaction.atomic():
+        batch = replay_draw(
+            strategy=settings.DREAM_STRATEGY,
+            batch_size=settings.DREAM_BATCH_SIZE,
+            beta=dream_beta(number=number),
+            half_life=settings.DREAM_HALF_LIFE,
+            agent_id=agent_id,
+            seed=seed,
+            min_size=max(1, settings.DREAM_MIN_EXPERIENCES),
+            count_now=True,
+            now=now,
+        )
         cycle = DreamCycle.objects.create(
             agent_id=agent_id,
             number=number,
@@ -122,7 +126,6 @@ def dream_cycle_run(
             )
             for position, item in enumerate(batch.items)
         )
-        experience_mark_sampled(pks=[item.experience.pk for item in batch.items], at=now)
     return cycle
 
 
@@ -156,6 +159,8 @@ def dream_cycles_run_due(*, now: datetime | None = None) -> DreamRun:
             try:
                 run.cycles.append(dream_cycle_run(agent_id=agent_id, now=now))
             except Conflict as exc:  # items expired since the count: skip this agent this time
+                run.skipped[agent_id] = exc.message
+            except TooManyRequests as exc:  # its rate limiter: not before more inserts
                 run.skipped[agent_id] = exc.message
         return run
 

@@ -1,6 +1,11 @@
 from django.db import models
 from django.db.models import Q
 
+from ferrum_memory.core.models import Tombstone
+
+# The revision counter of every write the replay index follows (ferrum_memory.core.revisions).
+REVISION = "experience"
+
 
 class Experience(models.Model):
     """One experience tuple (task, tool_calls, test_result, reward) in the replay buffer.
@@ -30,12 +35,16 @@ class Experience(models.Model):
     last_sampled_at = models.DateTimeField(null=True, blank=True)
     # Of the "experience" revision counter: the write that last changed what sampling reads.
     revision = models.BigIntegerField(db_index=True)
+    # Set when the item was drawn its agent's max_times_sampled times: no replay draws it
+    # again, and the purge deletes it.
+    retired_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         indexes = [
             models.Index(fields=["agent_id", "-id"], name="experience_agent_recent"),
             models.Index(fields=["agent_id", "priority"], name="experience_agent_priority"),
             models.Index(fields=["expires_at"], name="experience_expires"),
+            models.Index(fields=["retired_at"], name="experience_retired"),
         ]
         constraints = [
             models.CheckConstraint(condition=Q(priority__gte=0), name="experience_priority_gte_0"),
@@ -45,16 +54,80 @@ class Experience(models.Model):
         return self.experience_id
 
 
-class ExperienceTombstone(models.Model):
+class ExperienceTombstone(Tombstone):
     """A deleted experience, kept until every replay index has had time to drop it."""
 
+    revision_counter = REVISION
+
     experience_pk = models.BigIntegerField(primary_key=True)
-    agent_id = models.CharField(max_length=256)
-    revision = models.BigIntegerField(db_index=True)
-    deleted_at = models.DateTimeField(auto_now_add=True)
+
+
+class ReplaySettings(models.Model):
+    """One agent's replay controls; an agent without a row has the REPLAY_* defaults."""
+
+    class Remover(models.TextChoices):
+        FIFO = "fifo", "oldest first"
+        LOWEST_PRIORITY = "lowest_priority", "lowest priority first"
+
+    agent_id = models.CharField(max_length=256, primary_key=True)
+    max_size = models.PositiveBigIntegerField(help_text="Capacity; 0: none.")
+    remover = models.CharField(max_length=16, choices=Remover.choices)
+    max_times_sampled = models.PositiveIntegerField(
+        help_text="An item drawn this many times is retired; 0: no cap."
+    )
+    min_size = models.PositiveBigIntegerField(
+        help_text="The rate limiter grants no draw before the agent holds this many items."
+    )
+    samples_per_insert = models.FloatField(help_text="The rate limiter's ratio; 0: no limiter.")
+    spi_tolerance = models.FloatField(help_text="Draws the limiter may grant ahead of the ratio.")
+    alpha = models.FloatField(help_text="The default PER exponent of this agent's replay.")
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        verbose_name = "replay settings"
+        verbose_name_plural = "replay settings"
+        constraints = [
+            models.CheckConstraint(
+                condition=Q(samples_per_insert__gte=0, spi_tolerance__gte=0, alpha__gte=0),
+                name="replay_settings_non_negative",
+            ),
+        ]
 
     def __str__(self) -> str:
-        return f"tombstone {self.experience_pk}@{self.revision}"
+        return self.agent_id
+
+
+class ReplayState(models.Model):
+    """An agent's replay counters, shared by every process: kept in the transactions that
+    insert, delete and (with the rate limiter) draw, so the limiter reads exact figures."""
+
+    agent_id = models.CharField(max_length=256, primary_key=True)
+    size = models.BigIntegerField(default=0, help_text="Experiences in the DB, retired included.")
+    inserts = models.BigIntegerField(default=0, help_text="New experiences ever stored.")
+    samples = models.BigIntegerField(default=0, help_text="Draws the rate limiter granted.")
+    removals = models.BigIntegerField(default=0, help_text="Experiences evicted at capacity.")
+    retired = models.BigIntegerField(default=0, help_text="Experiences retired by the cap.")
+
+    def __str__(self) -> str:
+        return f"{self.agent_id}: {self.size} items"
+
+
+class ReplaySnapshot(models.Model):
+    """An agent's counters at one moment, recorded by the beat for the dashboard's history."""
+
+    agent_id = models.CharField(max_length=256)
+    at = models.DateTimeField()
+    size = models.BigIntegerField()
+    inserts = models.BigIntegerField()
+    samples = models.BigIntegerField()
+    removals = models.BigIntegerField()
+    retired = models.BigIntegerField()
+
+    class Meta:
+        indexes = [models.Index(fields=["agent_id", "at"], name="replay_snapshot_agent_at")]
+
+    def __str__(self) -> str:
+        return f"{self.agent_id} at {self.at}"
 
 
 class DreamCycle(models.Model):

@@ -8,7 +8,9 @@ the admin included, are seen on the next request. The only module that holds rep
 
 import threading
 import time
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from functools import partial
 
 import numpy as np
 
@@ -16,10 +18,9 @@ from ferrum_memory.core.db_functions import EpochSeconds
 from ferrum_memory.core.revisions import revision_changes
 from ferrum_memory.core.telemetry import index_catch_up
 
-from .models import Experience, ExperienceTombstone
+from .models import REVISION, Experience, ExperienceTombstone
 from .sumtree import Float64Array, Int64Array, PriorityIndex, importance_weights, sample_weights
 
-REVISION = "experience"
 ALL_AGENTS = ""  # the buffer key of the tree over every agent
 PAYLOAD = ("created", "expires")
 # Times as epoch seconds computed by the DB: parsing 10^6 timestamps into datetimes in Python
@@ -31,6 +32,7 @@ ROW_FIELDS = (
     EpochSeconds("created_at"),
     EpochSeconds("expires_at"),  # NULL: never expires
 )
+RETIRED = EpochSeconds("retired_at")  # NULL: sampleable
 FOREVER = np.inf
 
 
@@ -46,6 +48,13 @@ class ReplaySample:
     probabilities: Float64Array
     weights: Float64Array
     buffer_size: int
+    # Keys this sample drew for the last time (max_times_sampled), already out of the trees:
+    # the caller marks them retired in the transaction it sampled in.
+    retired: list[int] = field(default_factory=list)
+
+
+# {key: draws it may still have} for the keys given: the sampling cap's allowance.
+Allowance = Callable[[list[int]], dict[int, int]]
 
 
 def _expiry(value: float | None) -> float:
@@ -66,6 +75,14 @@ class ReplayIndex:
         with self._lock:
             self._catch_up()
 
+    def invalidate(self) -> None:
+        """Forget everything: the next request rebuilds from the DB (after a failed write that
+        this index had already applied)."""
+        with self._lock:
+            self._buffers = {}
+            self._next_expiry = {}
+            self.cursor = -1
+
     @index_catch_up(REVISION)
     def _catch_up(self) -> None:
         changes = revision_changes(
@@ -76,14 +93,17 @@ class ReplayIndex:
         )
         if changes is None:
             return
-        changed = list(changes.changed.values_list(*ROW_FIELDS))
         if changes.rebuild:
             self._buffers = {}
             self._next_expiry = {}
-            if changed:
-                self._upsert(changed, rebuild=True)
+            live = list(changes.changed.filter(retired_at__isnull=True).values_list(*ROW_FIELDS))
+            if live:
+                self._upsert(live, rebuild=True)
         else:
-            self._apply(changed, list(changes.gone.values_list("experience_pk", "agent_id")))
+            changed = list(changes.changed.values_list(*ROW_FIELDS, RETIRED))
+            gone = list(changes.gone.values_list("experience_pk", "agent_id"))
+            gone += [(row[0], row[1]) for row in changed if row[-1] is not None]
+            self._apply([row for row in changed if row[-1] is None], gone)
         self.cursor = changes.upper
 
     def _apply(self, changed: list[tuple], gone: list[tuple[int, str]]) -> None:
@@ -148,7 +168,14 @@ class ReplayIndex:
         min_size: int = 1,
         stratified: bool = False,
         now: float | None = None,
+        allowance: Allowance | None = None,
     ) -> ReplaySample:
+        """Draw `batch_size` keys with replacement, with their probabilities and IS weights.
+
+        With `allowance` (the sampling cap) no key is drawn more often than it allows: a draw
+        that uses up a key's allowance retires it, and the rest of the batch is drawn from the
+        buffer without it (so each draw's probability and weight are those of the buffer it
+        was drawn from). The caller holds the revision lock then (revision_lock)."""
         now = time.time() if now is None else now
         name = agent_id or ALL_AGENTS
         with self._lock:
@@ -160,25 +187,104 @@ class ReplayIndex:
             if size < min_size or size == 0:
                 raise BufferTooSmall(size)
             assert buffer is not None
-            if strategy == "prioritized":
-                keys, probabilities, min_p = self._sample_prioritized(
-                    buffer, batch_size, rng, alpha / configured_alpha, stratified
-                )
-            else:
-                all_keys, _ = buffer.items()
-                if strategy == "recency":
-                    created = buffer.payload("created")
-                    # 0.5 ** (age / half_life), relative to the newest item to stay in range.
-                    weights = np.exp2((created - created.max()) / half_life)
-                else:
-                    weights = np.ones(size)
-                keys, probabilities = sample_weights(batch_size, rng, all_keys, weights)
-                min_p = float(weights[weights > 0].min() / weights.sum())
+            draw = partial(
+                self._draw,
+                buffer,
+                strategy=strategy,
+                rng=rng,
+                exponent=alpha / configured_alpha,
+                stratified=stratified,
+                half_life=half_life,
+            )
+            if allowance is not None:
+                return self._sample_capped(name, buffer, draw, batch_size, beta, allowance)
+            keys, probabilities, min_p = draw(batch_size)
         return ReplaySample(
             keys=keys,
             probabilities=probabilities,
             weights=importance_weights(probabilities, size, beta, min_p),
             buffer_size=size,
+        )
+
+    def _draw(
+        self,
+        buffer: PriorityIndex,
+        batch_size: int,
+        *,
+        strategy: str,
+        rng: np.random.Generator,
+        exponent: float,
+        stratified: bool,
+        half_life: float,
+    ) -> tuple[Int64Array, Float64Array, float]:
+        """Keys, their probabilities and the buffer's smallest probability (the IS-weight
+        normaliser)."""
+        if strategy == "prioritized":
+            return self._sample_prioritized(buffer, batch_size, rng, exponent, stratified)
+        all_keys, _ = buffer.items()
+        if strategy == "recency":
+            created = buffer.payload("created")
+            # 0.5 ** (age / half_life), relative to the newest item to stay in range.
+            weights = np.exp2((created - created.max()) / half_life)
+        else:
+            weights = np.ones(all_keys.shape[0])
+        keys, probabilities = sample_weights(batch_size, rng, all_keys, weights)
+        return keys, probabilities, float(weights[weights > 0].min() / weights.sum())
+
+    def _sample_capped(
+        self,
+        name: str,
+        buffer: PriorityIndex,
+        draw: Callable[[int], tuple[Int64Array, Float64Array, float]],
+        batch_size: int,
+        beta: float,
+        allowance: Allowance,
+    ) -> ReplaySample:
+        """Draw in rounds: each round's draws are kept up to the first that retires a key (or
+        would draw a key already at its cap); the key leaves the trees and the next round draws
+        the rest. Discarding the later draws of a round biases nothing: they are independent
+        of the kept ones. A batch is shorter when the cap retires every item."""
+        left: dict[int, int] = {}
+        kept: list[tuple[Int64Array, Float64Array, Float64Array]] = []
+        retired: list[int] = []
+        first_size = len(buffer)
+        need = batch_size
+        while need and len(buffer):
+            size = len(buffer)
+            try:
+                keys, probabilities, min_p = draw(need)
+            except BufferTooSmall:
+                if kept:
+                    break
+                raise
+            drawn = keys.tolist()
+            left.update(allowance([key for key in set(drawn) if key not in left]))
+            cut, gone = len(drawn), None
+            for i, key in enumerate(drawn):
+                if left[key] <= 0:  # over a cap lowered since it was drawn: retire, undrawn
+                    cut, gone = i, key
+                    break
+                left[key] -= 1
+                if left[key] == 0:
+                    cut, gone = i + 1, key
+                    break
+            if cut:
+                p = probabilities[:cut]
+                kept.append((keys[:cut], p, importance_weights(p, size, beta, min_p)))
+            if gone is not None:
+                retired.append(gone)
+                for tree in (name, ALL_AGENTS):
+                    if tree in self._buffers:
+                        self._buffers[tree].remove([gone])
+            need -= cut
+        if not kept:
+            raise BufferTooSmall(0)
+        return ReplaySample(
+            keys=np.concatenate([k for k, _, _ in kept]),
+            probabilities=np.concatenate([p for _, p, _ in kept]),
+            weights=np.concatenate([w for _, _, w in kept]),
+            buffer_size=first_size,
+            retired=retired,
         )
 
     @staticmethod

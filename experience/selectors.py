@@ -1,5 +1,6 @@
 """Every non-trivial read of the replay buffer."""
 
+import dataclasses
 import functools
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -31,7 +32,7 @@ from ferrum_memory.core.renderers import json_bytes
 from ferrum_memory.core.telemetry import traced
 
 from .models import Experience
-from .replay_index import BufferTooSmall, get_replay_index
+from .replay_index import Allowance, BufferTooSmall, get_replay_index
 
 
 def experience_visible(
@@ -73,6 +74,7 @@ class ExperienceRow(NamedTuple):
     expires_at: datetime | None
     times_sampled: int
     last_sampled_at: datetime | None
+    retired_at: datetime | None
 
 
 def _column(name: str) -> Any:
@@ -159,6 +161,7 @@ def experience_rows(pks: Iterable[int]) -> dict[int, ExperienceRow]:
             expires_at=time(r[13]),
             times_sampled=r[14],
             last_sampled_at=time(r[15]),
+            retired_at=time(r[16]),
         )
         for r in fetched
     }
@@ -278,6 +281,7 @@ class ReplayBatch:
     beta: float
     seed: int | None
     items: list[ReplayItem]
+    retired: list[int] = dataclasses.field(default_factory=list)  # pks the cap retired
 
 
 @traced(
@@ -301,10 +305,12 @@ def replay_sample(
     seed: int | None = None,
     min_size: int = 1,
     stratified: bool = False,
+    allowance: Allowance | None = None,
 ) -> ReplayBatch:
     """Draw a batch with replacement from the live replay index (caught up with the DB first).
 
     Raises Conflict (409) when the buffer holds fewer than `min_size` sampleable experiences.
+    `allowance`: the sampling cap's draw (replay_services.replay_draw).
     """
     rng = np.random.default_rng(seed)
     try:
@@ -319,6 +325,7 @@ def replay_sample(
             half_life=half_life,
             min_size=min_size,
             stratified=stratified,
+            allowance=allowance,
         )
     except BufferTooSmall as exc:
         scope = f"agent '{agent_id}'" if agent_id else "the buffer"
@@ -335,4 +342,4 @@ def replay_sample(
         for key, p, w in zip(keys, sample.probabilities, sample.weights, strict=True)
         if key in rows  # deleted between the catch-up and this read: leave it out
     ]
-    return ReplayBatch(strategy, sample.buffer_size, alpha, beta, seed, items)
+    return ReplayBatch(strategy, sample.buffer_size, alpha, beta, seed, items, sample.retired)

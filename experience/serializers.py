@@ -15,16 +15,25 @@ from django.utils import timezone
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 from rest_framework.exceptions import ValidationError
-from rest_framework.validators import ProhibitSurrogateCharactersValidator
 
-from ferrum_memory.core.renderers import json_bytes
+from ferrum_memory.core.fields import (
+    MAX_COUNT,
+    MAX_KEEP_SECONDS,
+    StrictCharField,
+    StrictFloatField,
+    StrictIntegerField,
+    finite_number,
+    json_size_validator,
+    surrogate_error,
+    whole_number,
+)
 
 from .models import Experience
 from .selectors import ExperienceRow
 
 ID_PATTERN = re.compile(r"^[A-Za-z0-9._:@-]{1,256}\Z")
 # Paths under /experience/ that an id could otherwise shadow.
-RESERVED_IDS = {"stats", "replay", "td-error"}
+RESERVED_IDS = {"stats", "replay", "td-error", "settings"}
 MAX_TASK_CHARS = 20_000
 MAX_TEXT_CHARS = 100_000
 MAX_TOOL_CALLS = 1_000
@@ -33,101 +42,8 @@ MAX_METADATA_BYTES = 64_000
 MAX_BATCH = 1_000
 MAX_TD_UPDATES = 10_000
 MAX_REPLAY_BATCH = 4_096
-# A count's largest value: a 64-bit integer (orjson reads a larger one as a float).
-MAX_COUNT = 2**63 - 1
-# The longest ttl_seconds of a stored item (0 is forever): a century, so now + ttl is a date.
-MAX_KEEP_SECONDS = 100 * 365 * 86_400
+MAX_WAIT_MS = 10_000
 STRATEGIES = ("prioritized", "recency", "uniform")
-
-
-def finite_number(data: Any) -> float | None:
-    """The float a JSON number stands for, or None for a string, a boolean, NaN or infinity."""
-    if isinstance(data, bool) or not isinstance(data, int | float):
-        return None
-    try:
-        number = float(data)
-    except OverflowError:  # an integer too large for a float
-        return None
-    return number if math.isfinite(number) else None
-
-
-def whole_number(data: Any) -> int | None:
-    """The integer a JSON number stands for, or None. A number with no fraction is an integer
-    (JSON Schema says so: a client may send 3.0 for 3); a string or a boolean is not."""
-    if isinstance(data, bool):
-        return None
-    if isinstance(data, int):
-        return data
-    if isinstance(data, float) and math.isfinite(data) and data.is_integer():
-        return int(data)
-    return None
-
-
-class StrictFloatField(serializers.FloatField):
-    """A JSON number that is finite: no strings, booleans, NaN or infinity."""
-
-    default_error_messages = {
-        "invalid": "A finite number is required.",
-    }
-
-    def to_internal_value(self, data: Any) -> float:
-        if finite_number(data) is None:
-            self.fail("invalid")
-        return super().to_internal_value(data)
-
-
-class StrictIntegerField(serializers.IntegerField):
-    default_error_messages = {"invalid": "An integer is required."}
-
-    def to_internal_value(self, data: Any) -> int:
-        number = whole_number(data)
-        if number is None:
-            self.fail("invalid")
-        return super().to_internal_value(number)
-
-
-def _surrogate_error(value: str) -> str | None:
-    """DRF's ProhibitSurrogateCharactersValidator message, or None, at C speed: DRF walks the
-    text character by character in Python (60 ms of validating 1,000 experiences)."""
-    if not value.isascii():
-        try:
-            value.encode()  # fails at the first lone surrogate, and only there
-        except UnicodeEncodeError as exc:
-            return f"Surrogate characters are not allowed: U+{ord(value[exc.start]):X}."
-    return None
-
-
-def reject_surrogates(value: str) -> None:
-    if message := _surrogate_error(value):
-        raise ValidationError(message)
-
-
-class CharField(serializers.CharField):
-    """DRF's CharField, with reject_surrogates for its surrogate check, that takes a JSON string
-    only (DRF turns a number into its text), as the schema says."""
-
-    default_error_messages = {"invalid": "A string is required."}
-
-    def __init__(self, **kwargs: Any) -> None:
-        super().__init__(**kwargs)
-        self.validators = [
-            reject_surrogates if isinstance(v, ProhibitSurrogateCharactersValidator) else v
-            for v in self.validators
-        ]
-
-    def to_internal_value(self, data: Any) -> str:
-        if not isinstance(data, str):
-            self.fail("invalid")
-        return super().to_internal_value(data)
-
-
-def json_size_validator(limit: int) -> Any:
-    def validate(value: Any) -> None:
-        # Compact UTF-8 bytes (json.dumps counted spaces and a \uXXXX escape per non-ASCII char).
-        if len(json_bytes(value)) > limit:
-            raise serializers.ValidationError(f"At most {limit} bytes of JSON.")
-
-    return validate
 
 
 # A RegexValidator, so the OpenAPI schema shows the pattern.
@@ -142,11 +58,13 @@ def validate_experience_id(value: str) -> None:
 
 
 class ToolCallRecordSerializer(serializers.Serializer):
-    name = CharField(max_length=256)
+    name = StrictCharField(max_length=256)
     # null too: a client that has no arguments may say so either way.
     arguments = serializers.JSONField(default=dict, allow_null=True)
     output = serializers.JSONField(default=None, allow_null=True)
-    error = CharField(max_length=MAX_TEXT_CHARS, allow_null=True, allow_blank=True, default=None)
+    error = StrictCharField(
+        max_length=MAX_TEXT_CHARS, allow_null=True, allow_blank=True, default=None
+    )
     duration_ms = StrictFloatField(min_value=0, allow_null=True, default=None)
 
 
@@ -159,7 +77,7 @@ class TestResultSerializer(serializers.Serializer):
     errors = StrictIntegerField(  # type: ignore[assignment]
         min_value=0, max_value=MAX_COUNT, default=0
     )
-    output = CharField(max_length=MAX_TEXT_CHARS, allow_blank=True, default="")
+    output = StrictCharField(max_length=MAX_TEXT_CHARS, allow_blank=True, default="")
     duration_ms = StrictFloatField(min_value=0, allow_null=True, default=None)
 
     def to_internal_value(self, data: Any) -> Any:
@@ -187,7 +105,7 @@ def _text(
     null: bool = False,
     validators: tuple[Callable[[str], None], ...] = (),
 ) -> Callable[[Any], Any]:
-    """Our CharField's rules: a JSON string only, whitespace trimmed; `validators` (the
+    """StrictCharField's rules: a JSON string only, whitespace trimmed; `validators` (the
     field's own) run before the built-in ones and every error is reported, as in DRF."""
 
     def check(value: Any) -> str | None:
@@ -196,7 +114,7 @@ def _text(
                 return None
             raise ValidationError(["This field may not be null."])
         if not isinstance(value, str):
-            raise ValidationError([CharField.default_error_messages["invalid"]])
+            raise ValidationError([StrictCharField.default_error_messages["invalid"]])
         text = value.strip()
         if not text:
             if blank:
@@ -214,7 +132,7 @@ def _text(
             errors.append(f"Ensure this field has no more than {max_length} characters.")
         if "\x00" in text:
             errors.append("Null characters are not allowed.")
-        if surrogate := _surrogate_error(text):
+        if surrogate := surrogate_error(text):
             errors.append(surrogate)
         if errors:
             raise ValidationError(errors)
@@ -397,15 +315,15 @@ class ExperienceInSerializer(serializers.Serializer):
     # The fields declare the rules and the schema; to_internal_value applies them in plain
     # Python (DRF's per-field machinery was 70 ms of validating 1,000 experiences). A test
     # holds the two to the same results and errors.
-    id = CharField(
+    id = StrictCharField(
         max_length=256,
         required=False,
         validators=[validate_experience_id_pattern, validate_experience_id],
         help_text="Your id for this experience; sending it again returns the stored one.",
     )
-    agent_id = CharField(max_length=256)
-    session_id = CharField(max_length=256, required=False, allow_blank=True)
-    task = CharField(max_length=MAX_TASK_CHARS)
+    agent_id = StrictCharField(max_length=256)
+    session_id = StrictCharField(max_length=256, required=False, allow_blank=True)
+    task = StrictCharField(max_length=MAX_TASK_CHARS)
     tool_calls = ToolCallsField(required=False, validators=[json_size_validator(MAX_JSON_BYTES)])
     test_result = TestResultField(required=False, allow_null=True)
     reward = StrictFloatField()
@@ -483,6 +401,7 @@ class ExperienceOutSerializer(serializers.ModelSerializer):
             "expires_at",
             "times_sampled",
             "last_sampled_at",
+            "retired_at",
         ]
 
     def to_representation(self, instance: Experience | ExperienceRow) -> dict[str, Any]:
@@ -505,6 +424,7 @@ class ExperienceOutSerializer(serializers.ModelSerializer):
             "expires_at": _timestamp(instance.expires_at),
             "times_sampled": instance.times_sampled,
             "last_sampled_at": _timestamp(instance.last_sampled_at),
+            "retired_at": _timestamp(instance.retired_at),
         }
 
 
@@ -526,7 +446,7 @@ class ExperienceBatchOutSerializer(serializers.Serializer):
 
 
 class TdErrorUpdateSerializer(serializers.Serializer):
-    experience_id = CharField(max_length=256)
+    experience_id = StrictCharField(max_length=256)
     td_error = StrictFloatField()
 
 
@@ -555,14 +475,104 @@ class ReplayQuerySerializer(serializers.Serializer):
     seed = serializers.IntegerField(min_value=0, max_value=2**63 - 1, required=False)
     min_size = serializers.IntegerField(min_value=1, default=1)
     stratified = serializers.BooleanField(default=False)
+    wait_ms = serializers.IntegerField(
+        min_value=0,
+        max_value=MAX_WAIT_MS,
+        default=0,
+        help_text="With the agent's rate limiter on: wait up to this long for inserts, "
+        "instead of answering 429 at once.",
+    )
 
     def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
-        attrs.setdefault("alpha", settings.REPLAY_ALPHA)
+        # alpha left out: the agent's own (its replay settings); beta: REPLAY_BETA.
         attrs.setdefault("beta", settings.REPLAY_BETA)
         for name in ("alpha", "beta", "half_life"):
-            if not math.isfinite(attrs[name]):
+            if name in attrs and not math.isfinite(attrs[name]):
                 raise serializers.ValidationError({name: ["A finite number is required."]})
         return attrs
+
+
+class ReplayRateLimitedSerializer(serializers.Serializer):
+    """A 429 of GET /experience/replay: the agent's rate limiter (all fields), or the key's
+    request throttle (`detail` only)."""
+
+    detail = serializers.CharField()
+    ratio = serializers.FloatField(
+        required=False, allow_null=True, help_text="Samples per insert so far."
+    )
+    samples = serializers.IntegerField(required=False, help_text="Draws the limiter granted.")
+    inserts = serializers.IntegerField(required=False)
+    inserts_needed = serializers.IntegerField(
+        required=False, help_text="Inserts to wait for before this draw is granted."
+    )
+    samples_per_insert = serializers.FloatField(required=False)
+    spi_tolerance = serializers.FloatField(required=False)
+    min_size = serializers.IntegerField(required=False)
+
+
+REMOVERS = ("fifo", "lowest_priority")
+
+
+class ReplaySettingsQuerySerializer(serializers.Serializer):
+    # Not trimmed, so that the maxLength the schema states holds of the value as sent.
+    agent_id = StrictCharField(max_length=256, trim_whitespace=False)
+
+
+class ReplaySettingsInSerializer(serializers.Serializer):
+    """PUT /experience/settings: each setting left out takes its default (REPLAY_*)."""
+
+    agent_id = StrictCharField(max_length=256, trim_whitespace=False)
+    max_size = StrictIntegerField(
+        min_value=0, max_value=MAX_COUNT, required=False, help_text="Capacity; 0: none."
+    )
+    remover = serializers.ChoiceField(
+        choices=REMOVERS,
+        required=False,
+        help_text="Which items go past max_size: fifo (oldest first) or lowest_priority.",
+    )
+    max_times_sampled = StrictIntegerField(
+        min_value=0,
+        max_value=2**31 - 1,
+        required=False,
+        help_text="An item drawn this many times is retired; 0: no cap.",
+    )
+    min_size = StrictIntegerField(
+        min_value=0,
+        max_value=MAX_COUNT,
+        required=False,
+        help_text="The rate limiter grants no draw before the agent holds this many items.",
+    )
+    samples_per_insert = StrictFloatField(
+        min_value=0, max_value=1e9, required=False, help_text="0: no rate limiter."
+    )
+    spi_tolerance = StrictFloatField(
+        min_value=0, max_value=1e12, required=False, help_text="Draws granted ahead of the ratio."
+    )
+    alpha = StrictFloatField(
+        min_value=0, max_value=10, required=False, help_text="The agent's default PER exponent."
+    )
+
+
+class ReplayLimiterSerializer(serializers.Serializer):
+    inserts = serializers.IntegerField()
+    samples = serializers.IntegerField()
+    size = serializers.IntegerField()
+    ratio = serializers.FloatField(allow_null=True, help_text="Samples per insert so far.")
+    allowed = serializers.FloatField(help_text="Draws the limiter would grant now.")
+    inserts_needed = serializers.IntegerField(help_text="Before a draw of one is granted.")
+
+
+class ReplaySettingsOutSerializer(serializers.Serializer):
+    agent_id = serializers.CharField()
+    max_size = serializers.IntegerField()
+    remover = serializers.ChoiceField(choices=REMOVERS)
+    max_times_sampled = serializers.IntegerField()
+    min_size = serializers.IntegerField()
+    samples_per_insert = serializers.FloatField()
+    spi_tolerance = serializers.FloatField()
+    alpha = serializers.FloatField()
+    customized = serializers.BooleanField(help_text="False: the agent has the defaults.")
+    limiter = ReplayLimiterSerializer()
 
 
 class ReplayItemSerializer(serializers.Serializer):

@@ -21,12 +21,28 @@ from kombu.exceptions import OperationalError
 
 from ferrum_memory.core.exceptions import Conflict
 from ferrum_memory.core.renderers import json_bytes
-from ferrum_memory.core.revisions import revision_purge_tombstones, revision_take
+from ferrum_memory.core.revisions import (
+    Doomed,
+    delete_all,
+    revision_delete,
+    revision_delete_all,
+    revision_purge_expired,
+    revision_take,
+)
 
-from .models import Experience, ExperienceTombstone
+from .models import (
+    REVISION,
+    DreamCycle,
+    DreamCycleItem,
+    Experience,
+    ExperienceTombstone,
+    ReplaySettings,
+    ReplaySnapshot,
+    ReplayState,
+)
+from .replay_selectors import replay_controls_many
 from .selectors import experience_in_bulk_by_id
 
-REVISION = "experience"
 # New items with no TD error get the buffer's max priority; an empty buffer starts here.
 INITIAL_MAX_PRIORITY = 1.0
 PURGE_CHUNK = 5_000
@@ -88,6 +104,7 @@ def experience_create_many(
         if row.priority is None:
             row.priority = max_priority.get(row.agent_id) or INITIAL_MAX_PRIORITY
     _insert(new_rows)
+    _count_inserts_and_evict(new_rows)
     return [
         StoredExperience(existing[eid], False)
         if eid in existing
@@ -231,20 +248,82 @@ def experience_recompute_priority(*, queryset: QuerySet[Experience]) -> int:
     return len(rows)
 
 
-@transaction.atomic
+def _count_inserts_and_evict(rows: list[Experience]) -> None:
+    """Count new rows into their agents' ReplayState and, past an agent's max_size, remove
+    items by its remover, in the insert's transaction and through the same tombstones as a
+    delete. A list larger than the capacity keeps its newest max_size items."""
+    added = Counter(row.agent_id for row in rows)
+    if not added:
+        return
+    ReplayState.objects.bulk_create(
+        [ReplayState(agent_id=agent) for agent in added], ignore_conflicts=True
+    )
+    for agent, count in added.items():
+        ReplayState.objects.filter(agent_id=agent).update(
+            size=F("size") + count, inserts=F("inserts") + count
+        )
+    capacity = {
+        agent: controls
+        for agent, controls in replay_controls_many(added).items()
+        if controls.max_size
+    }
+    if not capacity:
+        return
+    sizes = dict(ReplayState.objects.filter(agent_id__in=capacity).values_list("agent_id", "size"))
+    victims: list[int] = []
+    for agent, controls in capacity.items():
+        excess = sizes[agent] - controls.max_size
+        if excess <= 0:
+            continue
+        mine = Experience.objects.filter(agent_id=agent)
+        if added[agent] >= controls.max_size:  # the newest of this list are the ones kept
+            newest = sorted(row.pk for row in rows if row.agent_id == agent)[-controls.max_size :]
+            doomed = mine.exclude(id__in=newest)
+        elif controls.remover == ReplaySettings.Remover.LOWEST_PRIORITY:
+            doomed = mine.order_by("priority", "id")[:excess]
+        else:
+            doomed = mine.order_by("id")[:excess]
+        victims += doomed.values_list("id", flat=True)
+    if victims:
+        revision_delete(
+            queryset=Experience.objects.filter(id__in=victims),
+            tombstone=ExperienceTombstone,
+            record=_count_evicted,
+        )
+
+
+def _count_down(doomed: Doomed, *, evicted: bool = False) -> None:
+    """The delete's part in its agents' counters: sizes down (and removals up, for evictions)."""
+    for agent, count in Counter(agent for _, agent in doomed).items():
+        ReplayState.objects.filter(agent_id=agent).update(
+            size=F("size") - count, removals=F("removals") + (count if evicted else 0)
+        )
+
+
+def _count_evicted(doomed: Doomed) -> None:
+    _count_down(doomed, evicted=True)
+
+
 def experience_delete_many(*, queryset: QuerySet[Experience]) -> int:
     """Delete experiences, leaving tombstones so every replay index drops them."""
-    revision = revision_take(name=REVISION)
-    doomed = list(queryset.values_list("id", "agent_id"))
-    ExperienceTombstone.objects.bulk_create(
-        [
-            ExperienceTombstone(experience_pk=pk, agent_id=agent, revision=revision)
-            for pk, agent in doomed
-        ],
-        ignore_conflicts=True,
+    return revision_delete(queryset=queryset, tombstone=ExperienceTombstone, record=_count_down)
+
+
+def experience_erase_agent(*, agent_id: str) -> dict[str, int]:
+    """Delete every experience of the agent (tombstones for the replay trees), its dream
+    cycles with their draws, and its replay settings, counters and their snapshots, in chunks:
+    complete in one call whatever the count."""
+    experiences = revision_delete_all(
+        queryset=Experience.objects.filter(agent_id=agent_id),
+        tombstone=ExperienceTombstone,
+        chunk=PURGE_CHUNK,
     )
-    Experience.objects.filter(id__in=[pk for pk, _ in doomed]).delete()
-    return len(doomed)
+    draws = delete_all(DreamCycleItem.objects.filter(cycle__agent_id=agent_id), chunk=PURGE_CHUNK)
+    cycles = delete_all(DreamCycle.objects.filter(agent_id=agent_id), chunk=PURGE_CHUNK)
+    delete_all(ReplaySnapshot.objects.filter(agent_id=agent_id), chunk=PURGE_CHUNK)
+    ReplayState.objects.filter(agent_id=agent_id).delete()
+    ReplaySettings.objects.filter(agent_id=agent_id).delete()
+    return {"experiences": experiences, "dream_cycles": cycles, "dream_cycle_items": draws}
 
 
 class _DrawTally:
@@ -372,17 +451,19 @@ def experience_mark_sampled(*, pks: Sequence[int], at: datetime | None = None) -
 
 
 def experience_purge_expired(*, now: datetime | None = None) -> int:
-    """Delete expired experiences in chunks, then tombstones older than the retention."""
+    """Delete retired experiences, then expired ones, in chunks, and tombstones older than
+    the retention."""
     now = now or timezone.now()
-    deleted = 0
-    while True:
-        chunk = Experience.objects.filter(expires_at__lte=now).order_by("id")[:PURGE_CHUNK]
-        pks = list(chunk.values_list("id", flat=True))
-        if not pks:
-            break
-        deleted += experience_delete_many(queryset=Experience.objects.filter(id__in=pks))
-    horizon = now - timedelta(seconds=settings.REPLAY_TOMBSTONE_RETENTION)
-    revision_purge_tombstones(
-        name=REVISION, tombstones=ExperienceTombstone.objects.filter(deleted_at__lt=horizon)
+    retired = revision_delete_all(
+        queryset=Experience.objects.filter(retired_at__isnull=False),
+        tombstone=ExperienceTombstone,
+        chunk=PURGE_CHUNK,
+        record=_count_down,
     )
-    return deleted
+    return retired + revision_purge_expired(
+        model=Experience,
+        tombstone=ExperienceTombstone,
+        now=now,
+        chunk=PURGE_CHUNK,
+        record=_count_down,
+    )

@@ -3,6 +3,7 @@ from datetime import datetime
 from celery import shared_task
 
 from .dream_services import dream_cycles_run_due
+from .replay_services import replay_snapshot_take
 from .services import experience_mark_sampled, experience_purge_expired
 
 
@@ -35,3 +36,10 @@ def mark_sampled(pks: list[int], at: str) -> None:
     exactly once would need a receipt written per replay request and kept for the retry window,
     for a number that sampling never reads. A lost count would be worse, hence acks_late."""
     experience_mark_sampled(pks=pks, at=datetime.fromisoformat(at))
+
+
+@shared_task(name="experience.replay_snapshot", acks_late=True)
+def take_replay_snapshot() -> int:
+    """Record each agent's replay counters for the dashboard's history (run twice: two
+    points a moment apart)."""
+    return replay_snapshot_take()

@@ -8,6 +8,7 @@ urlpatterns = [
     path("experience/stats", views.ExperienceStatsView.as_view(), name="experience-stats"),
     path("experience/td-error", views.TdErrorView.as_view(), name="experience-td-error"),
     path("experience/replay", views.ReplayView.as_view(), name="experience-replay"),
+    path("experience/settings", views.ReplaySettingsView.as_view(), name="experience-settings"),
     path(
         "experience/<str:experience_id>",
         views.ExperienceDetailView.as_view(),

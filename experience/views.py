@@ -1,3 +1,4 @@
+import dataclasses
 import uuid
 from typing import Any
 
@@ -9,7 +10,7 @@ from drf_spectacular.utils import (
     extend_schema,
 )
 from rest_framework import status
-from rest_framework.exceptions import ValidationError
+from rest_framework.exceptions import PermissionDenied, ValidationError
 from rest_framework.pagination import CursorPagination
 from rest_framework.request import Request
 from rest_framework.response import Response
@@ -22,17 +23,17 @@ from ferrum_memory.core.schema import paginated
 from ferrum_memory.core.validation import one_or_many_schema, validate_one_or_many
 
 from . import serializers as s
+from .replay_selectors import ReplayControls, replay_controls_get
+from .replay_services import replay_draw, replay_limiter_status, replay_settings_put
 from .selectors import (
     experience_get,
     experience_list,
     experience_stats,
     parse_stored_json,
-    replay_sample,
 )
 from .services import (
     experience_create_many,
     experience_delete_many,
-    experience_mark_sampled_later,
     experience_td_error_update,
 )
 
@@ -192,6 +193,11 @@ class ReplayView(APIView):
         responses={
             200: s.ReplayOutSerializer,
             409: OpenApiResponse(description="The buffer holds fewer than min_size experiences."),
+            429: OpenApiResponse(
+                s.ReplayRateLimitedSerializer,
+                description="The agent's rate limiter grants no such draw now (or the key's "
+                "throttle): retry after Retry-After seconds, or pass wait_ms.",
+            ),
             **ERRORS,
         },
     )
@@ -208,6 +214,47 @@ class ReplayView(APIView):
                     {"agent_id": ["Required: this key is limited to several agents."]}
                 )
             params["agent_id"] = allowed[0]
-        batch = replay_sample(**params)
-        experience_mark_sampled_later(pks=[item.experience.pk for item in batch.items])
+        params.setdefault("agent_id", None)
+        batch = replay_draw(**params)
         return Response(s.ReplayOutSerializer(batch).data)
+
+
+def _settings_body(controls: ReplayControls) -> dict[str, Any]:
+    return {
+        **dataclasses.asdict(controls),
+        "limiter": dataclasses.asdict(replay_limiter_status(controls=controls)),
+    }
+
+
+class ReplaySettingsView(APIView):
+    """One agent's replay controls: capacity, remover, sampling cap, rate limiter, alpha."""
+
+    @extend_schema(
+        operation_id="experience_settings_get",
+        parameters=[s.ReplaySettingsQuerySerializer],
+        responses={200: s.ReplaySettingsOutSerializer},
+    )
+    def get(self, request: Request) -> Response:
+        query = s.ReplaySettingsQuerySerializer(data=request.query_params)
+        query.is_valid(raise_exception=True)
+        ensure_agent_allowed(request, query.validated_data["agent_id"])
+        controls = replay_controls_get(agent_id=query.validated_data["agent_id"])
+        return Response(s.ReplaySettingsOutSerializer(_settings_body(controls)).data)
+
+    @extend_schema(
+        operation_id="experience_settings_put",
+        request=s.ReplaySettingsInSerializer,
+        responses={
+            200: s.ReplaySettingsOutSerializer,
+            403: OpenApiResponse(description="Only a key not limited to agents may set them."),
+            **ERRORS,
+        },
+    )
+    def put(self, request: Request) -> Response:
+        body = s.ReplaySettingsInSerializer(data=request.data)
+        body.is_valid(raise_exception=True)
+        if allowed_agent_ids(request) is not None:
+            raise PermissionDenied("Only a key that is not limited to agents may set them.")
+        values = dict(body.validated_data)
+        controls = replay_settings_put(agent_id=values.pop("agent_id"), values=values)
+        return Response(s.ReplaySettingsOutSerializer(_settings_body(controls)).data)

@@ -27,4 +27,5 @@ urlpatterns = [
     path("", include("experience.urls")),
     path("", include("memory.urls")),
     path("", include("sessions.urls")),
+    path("", include("agents.urls")),
 ]

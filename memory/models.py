@@ -3,6 +3,11 @@ import uuid
 from django.db import models
 from django.db.models import Q
 
+from ferrum_memory.core.models import Tombstone
+
+# The revision counter of every write the vector index follows (ferrum_memory.core.revisions).
+REVISION = "memory"
+
 
 class MemoryItem(models.Model):
     """A long-term memory item. The DB row is the truth; vector indexes are derived from it.
@@ -24,6 +29,15 @@ class MemoryItem(models.Model):
         CONSOLIDATION = "consolidation"
         IMPORT = "import"
 
+    class Sensitivity(models.TextChoices):
+        """Ordered from least to most sensitive: a reader's `max_sensitivity` admits a level
+        and every level before it."""
+
+        NONE = "none"
+        LOW = "low"
+        PII = "pii"
+        SENSITIVE = "sensitive"
+
     # Also the Qdrant point id.
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
     agent_id = models.CharField(max_length=256)
@@ -34,6 +48,9 @@ class MemoryItem(models.Model):
     # sha256 of the normalised content: exact duplicates of an agent are found by index.
     content_hash = models.CharField(max_length=64)
     importance = models.FloatField(default=0.5)
+    sensitivity = models.CharField(
+        max_length=20, choices=Sensitivity.choices, default=Sensitivity.NONE
+    )
     tags = models.JSONField(default=list, blank=True)
     metadata = models.JSONField(default=dict, blank=True)
     created_at = models.DateTimeField()
@@ -44,6 +61,8 @@ class MemoryItem(models.Model):
     embedding_model = models.CharField(max_length=200)
     # Of the "memory" revision counter: the write that last changed what the index holds.
     revision = models.BigIntegerField(db_index=True)
+    # Every change a client or a merge makes adds one: PATCH's optimistic concurrency.
+    version = models.PositiveIntegerField(default=1)
 
     class Meta:
         indexes = [
@@ -61,16 +80,56 @@ class MemoryItem(models.Model):
         return f"{self.agent_id}: {self.content[:60]}"
 
 
-class MemoryTombstone(models.Model):
+SENSITIVITY_LEVELS = [level for level, _ in MemoryItem.Sensitivity.choices]
+
+
+def sensitivity_rank(level: str) -> int:
+    """0 for none, up to 3 for sensitive: what the vector index filters on."""
+    return SENSITIVITY_LEVELS.index(level)
+
+
+class MemoryTombstone(Tombstone):
     """A deleted memory item, kept until every vector index has had time to drop it."""
 
+    revision_counter = REVISION
+
     point_id = models.UUIDField(primary_key=True)
+
+
+class MemoryEvent(models.Model):
+    """One change of a memory item, its history. Not a foreign key: the history of an item
+    outlives it (GET /memory/{point_id}/history after a delete); an erasure removes it."""
+
+    class Kind(models.TextChoices):
+        CREATED = "created"
+        CONSOLIDATED = "consolidated", "created by a session's consolidation"
+        UPDATED = "updated"
+        MERGED_FROM = "merged_from", "another memory was merged into it"
+        MERGED_INTO = "merged_into", "merged into another memory, and so deleted"
+        DELETED = "deleted"
+        EXPIRED = "expired"
+
+    point_id = models.UUIDField()
     agent_id = models.CharField(max_length=256)
-    revision = models.BigIntegerField(db_index=True)
-    deleted_at = models.DateTimeField(auto_now_add=True)
+    kind = models.CharField(max_length=20, choices=Kind.choices)
+    at = models.DateTimeField()
+    # The API key's name, "admin:<username>", or "" for the service itself (expiry).
+    actor = models.CharField(max_length=200, blank=True, default="")
+    # The item's version after the change; null once it is gone.
+    version = models.PositiveIntegerField(null=True, blank=True)
+    # {field: {"before": ..., "after": ...}} of what changed.
+    changes = models.JSONField(default=dict, blank=True)
+    # The memory merged into this one (merged_from) or this one was merged into (merged_into).
+    other_point_id = models.UUIDField(null=True, blank=True)
+
+    class Meta:
+        indexes = [
+            models.Index(fields=["point_id", "id"], name="memory_event_point"),
+            models.Index(fields=["agent_id"], name="memory_event_agent"),
+        ]
 
     def __str__(self) -> str:
-        return f"tombstone {self.point_id}@{self.revision}"
+        return f"{self.point_id} {self.kind} at {self.at:%Y-%m-%d %H:%M:%S}"
 
 
 class VectorIndexCursor(models.Model):

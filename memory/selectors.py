@@ -1,19 +1,23 @@
 """Every non-trivial read of long-term memory."""
 
+import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any
 from uuid import UUID
 
-from django.db.models import Count, Q, QuerySet
+import numpy as np
+from django.db import connection
+from django.db.models import BooleanField, Count, Q, QuerySet
+from django.db.models.expressions import RawSQL
 from django.utils import timezone
 
 from ferrum_memory.core.exceptions import NotFound
 from ferrum_memory.core.telemetry import traced
 
-from .embeddings import get_embedder, get_reranker
-from .models import MemoryItem
+from .embeddings import Embedder, get_embedder, get_reranker
+from .models import MemoryEvent, MemoryItem
 from .vector_index import SearchFilter, get_vector_index
 
 # Candidates a reranker reorders, per result asked for.
@@ -35,14 +39,83 @@ def memory_get(*, point_id: UUID | str, agent_ids: Sequence[str] | None = None) 
     return item
 
 
+def _has_tag(tag: str) -> RawSQL:
+    """Does the item's JSON list of tags hold `tag`? Django has no such lookup on SQLite."""
+    table = connection.ops.quote_name(MemoryItem._meta.db_table)
+    if connection.vendor == "postgresql":
+        return RawSQL(f"{table}.tags @> jsonb_build_array(%s::text)", [tag], BooleanField())
+    sql = f"EXISTS (SELECT 1 FROM json_each({table}.tags) WHERE json_each.value = %s)"
+    return RawSQL(sql, [tag], BooleanField())
+
+
+def memory_list(
+    *, agent_ids: Sequence[str] | None = None, filters: dict[str, Any]
+) -> QuerySet[MemoryItem]:
+    """An agent's live items, newest first; filters as GET /memory/ names them. Every tag
+    given must be on the item."""
+    queryset = memory_visible(agent_ids=agent_ids).defer("embedding")
+    for field in ("agent_id", "session_id", "kind", "source", "sensitivity"):
+        if filters.get(field):
+            queryset = queryset.filter(**{field: filters[field]})
+    if filters.get("created_after"):
+        queryset = queryset.filter(created_at__gte=filters["created_after"])
+    if filters.get("created_before"):
+        queryset = queryset.filter(created_at__lte=filters["created_before"])
+    for i, tag in enumerate(tag for tag in filters.get("tags") or [] if tag):
+        queryset = queryset.alias(**{f"tag_{i}": _has_tag(tag)}).filter(**{f"tag_{i}": True})
+    return queryset.order_by("-created_at", "-id")
+
+
+def memory_history(
+    *, point_id: UUID | str, agent_ids: Sequence[str] | None = None
+) -> QuerySet[MemoryEvent]:
+    """Every event of an item, oldest first, also once it is deleted; NotFound when there is
+    none the caller may see."""
+    events = MemoryEvent.objects.filter(point_id=point_id)
+    if agent_ids is not None:
+        events = events.filter(agent_id__in=agent_ids)
+    if not events.exists():
+        raise NotFound(f"No memory item '{point_id}' has a history.")
+    return events.order_by("id")
+
+
 def _live(item: MemoryItem, now: datetime) -> bool:
     return item.expires_at is None or item.expires_at > now
+
+
+# Relevance: how likely a hit is about the query, from two absolute signals (unlike the fused
+# score, which only ranks a pool against itself): the cosine of the query and item embeddings,
+# and the share of the query's BM25 terms the item contains. Their weighed sum is mapped through
+# a logistic curve whose midpoint (relevance 0.5, CONTEXT_MIN_RELEVANCE's default) is the point
+# of the trade-off that bench/context.py --fit chose on LoCoMo: each question asked of its own
+# conversation (an evidence session's turn must stay) and of another one (no hit may stay). The
+# slope is fitted there too, by logistic regression of evidence turns against off-topic hits.
+RELEVANCE_TERM_WEIGHT = 0.4
+RELEVANCE_MIDPOINT = 0.56
+RELEVANCE_SLOPE = 27.1
+
+
+def relevance(cosine: float, term_share: float) -> float:
+    evidence = cosine + RELEVANCE_TERM_WEIGHT * term_share - RELEVANCE_MIDPOINT
+    return 1.0 / (1.0 + math.exp(-RELEVANCE_SLOPE * evidence))
+
+
+def term_share(embedder: Embedder, query_terms: set[int], content: str) -> float:
+    """The share of the query's distinct BM25 terms (stemmed, stopwords out) in `content`;
+    0 for a query of stopwords only."""
+    if not query_terms:
+        return 0.0
+    return len(query_terms & set(embedder.sparse_document(content).indices)) / len(query_terms)
 
 
 @dataclass(frozen=True)
 class MemoryHit:
     item: MemoryItem
     score: float
+    relevance: float
+    # The evidence `relevance` is made of, for calibration (bench/context.py).
+    cosine: float
+    term_share: float
 
 
 @traced(
@@ -67,9 +140,12 @@ def memory_search(
     created_after: datetime | None = None,
     created_before: datetime | None = None,
     min_importance: float | None = None,
+    max_sensitivity: str = "",
+    min_relevance: float = 0.0,
     rerank: bool = False,
 ) -> list[MemoryHit]:
-    """Hybrid (dense + BM25, z-score fusion), dense or sparse search of one agent's memories."""
+    """Hybrid (dense + BM25, z-score fusion), dense or sparse search of one agent's memories:
+    the top `limit` hits, less those whose relevance is below `min_relevance`."""
     reranker = get_reranker() if rerank else None
     now = timezone.now()
     embedder = get_embedder()
@@ -82,31 +158,35 @@ def memory_search(
         created_after=created_after.timestamp() if created_after else None,
         created_before=created_before.timestamp() if created_before else None,
         min_importance=min_importance,
+        max_sensitivity=max_sensitivity,
     )
     pool = limit * RERANK_POOL if reranker else limit
+    # Embedded in every mode: the cosine is half of every hit's relevance.
+    dense = embedder.embed_query(query)
+    sparse = embedder.sparse_query(query)
     hits = get_vector_index().search(
-        mode=mode,
-        dense=embedder.embed_query(query).tolist() if mode != "sparse" else [],
-        sparse=embedder.sparse_query(query),
-        flt=flt,
-        limit=pool,
+        mode=mode, dense=dense.tolist(), sparse=sparse, flt=flt, limit=pool
     )
     # By primary key only: with an agent filter SQLite picks the agent index and reads every
     # row the agent has. The index already filtered agent and expiry; the DB has the last word.
-    rows = MemoryItem.objects.defer("embedding").in_bulk([pk for pk, _ in hits])
-    found = [
-        MemoryHit(rows[pk], score)
-        for pk, score in hits
-        if pk in rows and rows[pk].agent_id == agent_id and _live(rows[pk], now)
-    ]
+    rows = MemoryItem.objects.in_bulk([pk for pk, _ in hits])
+    query_terms = set(sparse.indices)
+    found = []
+    for pk, score in hits:
+        row = rows.get(pk)
+        if row is None or row.agent_id != agent_id or not _live(row, now):
+            continue
+        cosine = float(np.frombuffer(bytes(row.embedding), dtype=np.float32) @ dense)
+        share = term_share(embedder, query_terms, row.content)
+        found.append(MemoryHit(row, score, relevance(cosine, share), cosine, share))
     if reranker is not None and found:
         scores = list(reranker.rerank(query, [hit.item.content for hit in found]))
         found = sorted(
-            (MemoryHit(hit.item, float(score)) for hit, score in zip(found, scores, strict=True)),
+            (replace(hit, score=float(score)) for hit, score in zip(found, scores, strict=True)),
             key=lambda hit: hit.score,
             reverse=True,
         )
-    return found[:limit]
+    return [hit for hit in found[:limit] if hit.relevance >= min_relevance]
 
 
 def memory_stats(agent_ids: Sequence[str] | None) -> dict[str, Any]:

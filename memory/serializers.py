@@ -1,19 +1,27 @@
+from typing import Any
+
 from rest_framework import serializers
 
-from experience.serializers import (
+from ferrum_memory.core.fields import (
+    MAX_COUNT,
     MAX_KEEP_SECONDS,
+    StrictCharField,
     StrictFloatField,
     StrictIntegerField,
     json_size_validator,
 )
-from experience.serializers import CharField as StrictCharField
 
-from .models import MemoryItem
+from .context import DEFAULT_RECENT_SHARE, MAX_TOKEN_BUDGET
+from .models import MemoryEvent, MemoryItem
 
 MAX_CONTENT_CHARS = 20_000
 MAX_BATCH = 256
 MAX_TAGS = 32
 MODES = ("hybrid", "dense", "sparse")
+SENSITIVITY_HELP = (
+    "How sensitive the content is, from least to most: none, low, pii (personal data), "
+    "sensitive. Readers filter with max_sensitivity."
+)
 
 
 class MemoryInSerializer(serializers.Serializer):
@@ -28,6 +36,11 @@ class MemoryInSerializer(serializers.Serializer):
     )
     content = StrictCharField(max_length=MAX_CONTENT_CHARS)
     importance = StrictFloatField(min_value=0, max_value=1, default=0.5)
+    sensitivity = serializers.ChoiceField(
+        choices=MemoryItem.Sensitivity.choices,
+        default=MemoryItem.Sensitivity.NONE,
+        help_text=SENSITIVITY_HELP,
+    )
     tags = serializers.ListField(
         child=StrictCharField(max_length=100), max_length=MAX_TAGS, default=list
     )
@@ -53,13 +66,80 @@ class MemoryOutSerializer(serializers.ModelSerializer):
             "source",
             "content",
             "importance",
+            "sensitivity",
             "tags",
             "metadata",
             "created_at",
             "expires_at",
             "access_count",
             "embedding_model",
+            "version",
         ]
+
+
+class MemoryListQuerySerializer(serializers.Serializer):
+    agent_id = StrictCharField(max_length=256, required=False)
+    session_id = StrictCharField(max_length=256, required=False)
+    kind = serializers.ChoiceField(choices=MemoryItem.Kind.choices, required=False)
+    # `source` is also a DRF Field attribute; as a declared field it is moved off the class.
+    source = serializers.ChoiceField(  # type: ignore[assignment]
+        choices=MemoryItem.Source.choices, required=False
+    )
+    sensitivity = serializers.ChoiceField(choices=MemoryItem.Sensitivity.choices, required=False)
+    # A query is read like a form: `tags=` (empty) counts as not given.
+    tags = serializers.ListField(
+        child=StrictCharField(max_length=100, allow_blank=True),
+        required=False,
+        max_length=MAX_TAGS,
+        help_text="Items with every tag given (repeat the parameter for several).",
+    )
+    created_after = serializers.DateTimeField(required=False)
+    created_before = serializers.DateTimeField(required=False)
+
+
+class MemoryPatchSerializer(serializers.Serializer):
+    """Some fields of an item, and always the version read last."""
+
+    # DRF and drf-spectacular make a PATCH body partial (every field optional); `version` is
+    # required all the same, so this serializer is never partial.
+    @property
+    def partial(self) -> bool:
+        return False
+
+    @partial.setter
+    def partial(self, value: bool) -> None:
+        pass
+
+    version = StrictIntegerField(
+        min_value=1,
+        max_value=MAX_COUNT,
+        help_text="The version read last; a stale one gets 409 with current_version.",
+    )
+    content = StrictCharField(max_length=MAX_CONTENT_CHARS, required=False)
+    importance = StrictFloatField(min_value=0, max_value=1, required=False)
+    sensitivity = serializers.ChoiceField(
+        choices=MemoryItem.Sensitivity.choices, required=False, help_text=SENSITIVITY_HELP
+    )
+    tags = serializers.ListField(
+        child=StrictCharField(max_length=100), max_length=MAX_TAGS, required=False
+    )
+    metadata = serializers.DictField(required=False, validators=[json_size_validator(64_000)])
+    ttl_seconds = StrictIntegerField(
+        min_value=0,
+        max_value=MAX_KEEP_SECONDS,
+        required=False,
+        help_text="Seconds to keep it from now; 0 forever.",
+    )
+
+
+class MemoryEventSerializer(serializers.ModelSerializer):
+    changes = serializers.DictField(
+        help_text="Each changed field's value before and after: {field: {before, after}}."
+    )
+
+    class Meta:
+        model = MemoryEvent
+        fields = ["point_id", "kind", "at", "actor", "version", "changes", "other_point_id"]
 
 
 class StoredMemorySerializer(serializers.Serializer):
@@ -90,14 +170,28 @@ class MemorySearchSerializer(serializers.Serializer):
         child=StrictCharField(max_length=100), default=list, max_length=MAX_TAGS
     )
     session_id = StrictCharField(max_length=256, required=False, allow_blank=True, default="")
-    created_after = serializers.DateTimeField(
-        required=False, help_text="Items created at or after this instant."
-    )
-    created_before = serializers.DateTimeField(
-        required=False,
-        help_text="Items created at or before this instant; earlier than created_after: none.",
-    )
+    created_after = serializers.DateTimeField(required=False)
+    created_before = serializers.DateTimeField(required=False)
     min_importance = StrictFloatField(min_value=0, max_value=1, required=False)
+    max_sensitivity = serializers.ChoiceField(
+        choices=MemoryItem.Sensitivity.choices,
+        required=False,
+        help_text="Only items at most this sensitive (none < low < pii < sensitive). "
+        "Default: every level.",
+    )
+    min_relevance = StrictFloatField(
+        min_value=0,
+        max_value=1,
+        default=0.0,
+        help_text="Leave out the hits whose relevance is below this (of the top `limit`).",
+    )
+
+
+RELEVANCE_HELP = (
+    "0 to 1: how likely the item is about the query, from absolute evidence (the cosine of "
+    "query and item embeddings, and the share of the query's words the item contains), "
+    "comparable across queries, unlike `score`."
+)
 
 
 class MemoryHitSerializer(serializers.Serializer):
@@ -108,8 +202,122 @@ class MemoryHitSerializer(serializers.Serializer):
             "rerank: the cross-encoder's score."
         )
     )
+    relevance = serializers.FloatField(help_text=RELEVANCE_HELP)
     item = MemoryOutSerializer()
 
 
 class MemorySearchOutSerializer(serializers.Serializer):
     results = MemoryHitSerializer(many=True)
+
+
+class MemoryContextSerializer(serializers.Serializer):
+    agent_id = StrictCharField(max_length=256)
+    query = StrictCharField(max_length=MAX_CONTENT_CHARS)
+    token_budget = StrictIntegerField(
+        min_value=1,
+        max_value=MAX_TOKEN_BUDGET,
+        help_text="Most tokens the context may take (counted with CONTEXT_TOKENIZER).",
+    )
+    session_id = serializers.UUIDField(
+        required=False,
+        help_text="The session whose recent turns come first (a live session of this agent).",
+    )
+    recent_share = StrictFloatField(
+        min_value=0,
+        max_value=1,
+        required=False,
+        help_text=f"Share of the budget for the recent turns; default {DEFAULT_RECENT_SHARE}, "
+        "or 1 - memory_share. With both given they must add up to 1. What one part leaves "
+        "unused goes to the other.",
+    )
+    memory_share = StrictFloatField(
+        min_value=0,
+        max_value=1,
+        required=False,
+        help_text="Share of the budget for the memories; default 1 - recent_share.",
+    )
+    limit = serializers.IntegerField(
+        min_value=1, max_value=100, default=10, help_text="Most memories to consider."
+    )
+    min_relevance = StrictFloatField(
+        min_value=0,
+        max_value=1,
+        required=False,
+        help_text="Memories below this relevance are left out. Default: CONTEXT_MIN_RELEVANCE.",
+    )
+    mode = serializers.ChoiceField(choices=MODES, default="hybrid")
+    kinds = serializers.ListField(
+        child=serializers.ChoiceField(choices=MemoryItem.Kind.choices), default=list, max_length=4
+    )
+    tags = serializers.ListField(
+        child=StrictCharField(max_length=100), default=list, max_length=MAX_TAGS
+    )
+    max_sensitivity = serializers.ChoiceField(
+        choices=MemoryItem.Sensitivity.choices,
+        default=MemoryItem.Sensitivity.PII,
+        help_text="Only memories at most this sensitive (none < low < pii < sensitive). "
+        "Default: pii, so `sensitive` ones stay out of a prompt unless asked for.",
+    )
+    recency_half_life = StrictFloatField(
+        min_value=0,
+        max_value=MAX_KEEP_SECONDS,
+        default=0.0,
+        help_text="Seconds: weigh each memory's relevance by 0.5^(age / half-life); 0: off.",
+    )
+    importance_weight = StrictFloatField(
+        min_value=0,
+        max_value=1,
+        default=0.0,
+        help_text="w: memories rank by (1 - w) * relevance * recency + w * importance.",
+    )
+
+    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        recent, memory = attrs.pop("recent_share", None), attrs.pop("memory_share", None)
+        if recent is not None and memory is not None and abs(recent + memory - 1) > 1e-9:
+            raise serializers.ValidationError(
+                {"memory_share": [f"recent_share + memory_share must be 1, not {recent + memory}."]}
+            )
+        if recent is None:
+            recent = DEFAULT_RECENT_SHARE if memory is None else 1 - memory
+        attrs["recent_share"] = recent
+        attrs["session_id"] = str(attrs["session_id"]) if "session_id" in attrs else ""
+        return attrs
+
+
+class ContextMemorySerializer(serializers.Serializer):
+    item = MemoryOutSerializer(source="hit.item")
+    score = serializers.FloatField(source="hit.score", help_text="The search's score.")
+    relevance = serializers.FloatField(source="hit.relevance", help_text=RELEVANCE_HELP)
+    tokens = serializers.IntegerField(help_text="Tokens of its line in `context`.")
+
+
+class ContextTurnSerializer(serializers.Serializer):
+    role = serializers.CharField()
+    content = serializers.CharField()
+    name = serializers.CharField(required=False)
+    at = serializers.CharField(required=False)
+
+
+class ContextDroppedSerializer(serializers.Serializer):
+    turns = serializers.IntegerField(help_text="The session's turns not in the context.")
+    memories = serializers.IntegerField(
+        help_text="Relevant memories left out: no room in the budget, or repeating a turn."
+    )
+
+
+class MemoryContextOutSerializer(serializers.Serializer):
+    # Serializer.context is moved off the class by DRF's metaclass, as `source` is above.
+    context = serializers.CharField(  # type: ignore[assignment]
+        help_text="Prompt-ready text: a '## Recent turns' section (oldest first) and a "
+        "'## Relevant memories' section (each '- [date, kind] content'), each only when it has "
+        "anything; empty when nothing fits."
+    )
+    recent_turns = ContextTurnSerializer(many=True)
+    memories = ContextMemorySerializer(many=True, help_text="In the context's order: by rank.")
+    tokens_used = serializers.IntegerField(help_text="Tokens of `context`; never over the budget.")
+    token_budget = serializers.IntegerField()
+    dropped = ContextDroppedSerializer()
+    degraded = serializers.ListField(
+        child=serializers.ChoiceField(choices=["working_memory", "vector_index"]),
+        help_text="Parts left out because their backend is down; the rest still answers.",
+    )

@@ -14,15 +14,20 @@ from django.db import transaction
 from django.db.models import F, QuerySet
 from django.utils import timezone
 
-from ferrum_memory.core.exceptions import ServiceError
-from ferrum_memory.core.revisions import revision_purge_tombstones, revision_take
+from ferrum_memory.core.exceptions import Conflict, NotFound, ServiceError
+from ferrum_memory.core.revisions import (
+    delete_all,
+    revision_delete,
+    revision_delete_all,
+    revision_purge_expired,
+    revision_take,
+)
 
 from .embeddings import get_embedder
-from .models import MemoryItem, MemoryTombstone
+from .models import REVISION, MemoryEvent, MemoryItem, MemoryTombstone, sensitivity_rank
 from .vector_index import EmbeddingModelMismatch, SearchFilter, get_vector_index
 
 logger = logging.getLogger(__name__)
-REVISION = "memory"
 PURGE_CHUNK = 2_000
 
 
@@ -65,8 +70,11 @@ def reset_model_check() -> None:
     _model_checked = False
 
 
-def _near_duplicate(agent_id: str, vector: np.ndarray, now: datetime) -> str | None:
-    """The point id of the agent's most similar memory when it is similar enough, via the index.
+def _near_duplicate(
+    agent_id: str, vector: np.ndarray, now: datetime, exclude: Any = None
+) -> str | None:
+    """The point id of the agent's most similar memory (other than `exclude`) when it is
+    similar enough, via the index.
 
     Without the index (down), only exact duplicates are merged: a near duplicate is stored."""
     try:
@@ -75,29 +83,67 @@ def _near_duplicate(agent_id: str, vector: np.ndarray, now: datetime) -> str | N
             dense=vector.tolist(),
             sparse=get_embedder().sparse_query(""),
             flt=SearchFilter(agent_id=agent_id, now=now.timestamp()),
-            limit=1,
+            limit=2,
         )
     except Exception as exc:  # noqa: BLE001 - the index being down must not fail a store
         logger.warning("near-duplicate check skipped, vector index unavailable: %s", exc)
         return None
+    hits = [hit for hit in hits if str(hit[0]) != str(exclude)]
     if hits and hits[0][1] >= settings.MEMORY_NEAR_DUPLICATE:
         return str(hits[0][0])
     return None
 
 
+# What an item's history shows of it: every field a client sets.
+HISTORY_FIELDS = (
+    "content",
+    "kind",
+    "source",
+    "importance",
+    "sensitivity",
+    "tags",
+    "metadata",
+    "session_id",
+    "expires_at",
+)
+
+
+def _snapshot(item: MemoryItem) -> dict[str, Any]:
+    values = {field: getattr(item, field) for field in HISTORY_FIELDS}
+    if values["expires_at"] is not None:
+        values["expires_at"] = values["expires_at"].isoformat()
+    return values
+
+
+def _diff(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:
+    return {
+        field: {"before": before.get(field), "after": value}
+        for field, value in after.items()
+        if before.get(field) != value
+    }
+
+
+def _event(
+    item: MemoryItem, kind: str, *, actor: str, at: datetime, changes: dict[str, Any], **extra: Any
+) -> MemoryEvent:
+    fields = {"point_id": item.pk, "agent_id": item.agent_id, "version": item.version}
+    return MemoryEvent(**(fields | extra), kind=kind, at=at, actor=actor, changes=changes)
+
+
 def memory_store_many(
-    *, items: Sequence[dict[str, Any]], now: datetime | None = None
+    *, items: Sequence[dict[str, Any]], now: datetime | None = None, actor: str = ""
 ) -> list[StoredMemory]:
     """Store validated memory dicts, embedded in one batch. An exact or near duplicate of one of
     the agent's memories (or of an earlier item in the batch) is merged into it: importance
-    raised to the larger, access counted, tags joined; no second copy."""
+    raised to the larger, access counted, tags joined; no second copy. Each new item and each
+    merge is an event of the item's history, by `actor` (an API key's name)."""
     now = now or timezone.now()
     memory_check_model()
     embedder = get_embedder()
     vectors = embedder.embed_documents([item["content"] for item in items])
     near = [_near_duplicate(item["agent_id"], vectors[i], now) for i, item in enumerate(items)]
     with transaction.atomic():
-        results = _store_rows(items, vectors, near, now, embedder.model_name)
+        results = _store_rows(items, vectors, near, now, embedder.model_name, actor)
     indexed = memory_index_now()
     return [StoredMemory(item, duplicate, indexed) for item, duplicate in results]
 
@@ -108,9 +154,11 @@ def _store_rows(
     near: list[str | None],
     now: datetime,
     model: str,
+    actor: str,
 ) -> list[tuple[MemoryItem, str]]:
     revision = revision_take(name=REVISION)
     results: list[tuple[MemoryItem, str]] = []
+    events: list[MemoryEvent] = []
     stored_in_batch: list[tuple[str, np.ndarray, MemoryItem]] = []
     for item, vector, near_id in zip(items, vectors, near, strict=True):
         digest = content_hash(item["content"])
@@ -130,7 +178,13 @@ def _store_rows(
                 target = MemoryItem.objects.filter(pk=near_id).first()
             duplicate = "near" if target else ""
         if target is not None:
-            results.append((_merge(target, item, revision, now), duplicate))
+            before = _snapshot(target)
+            _merge(target, item, revision, now)
+            changes = _diff(before, _snapshot(target))
+            events.append(
+                _event(target, MemoryEvent.Kind.MERGED_FROM, actor=actor, at=now, changes=changes)
+            )
+            results.append((target, duplicate))
             continue
         ttl = item.get("ttl_seconds", settings.DEFAULT_MEMORY_TTL)
         row = MemoryItem.objects.create(
@@ -141,6 +195,7 @@ def _store_rows(
             content=item["content"],
             content_hash=digest,
             importance=item.get("importance", 0.5),
+            sensitivity=item.get("sensitivity", MemoryItem.Sensitivity.NONE),
             tags=sorted(set(item.get("tags", []))),
             metadata=item.get("metadata", {}),
             created_at=now,
@@ -151,19 +206,41 @@ def _store_rows(
         )
         stored_in_batch.append((item["agent_id"], vector, row))
         results.append((row, ""))
+        kind = (
+            MemoryEvent.Kind.CONSOLIDATED
+            if row.source == MemoryItem.Source.CONSOLIDATION
+            else MemoryEvent.Kind.CREATED
+        )
+        events.append(_event(row, kind, actor=actor, at=now, changes=_diff({}, _snapshot(row))))
+    MemoryEvent.objects.bulk_create(events)
     return results
 
 
 def _merge(target: MemoryItem, item: dict[str, Any], revision: int, now: datetime) -> MemoryItem:
     target.importance = max(target.importance, item.get("importance", 0.5))
+    # A copy marked more sensitive makes the item so: merging never lowers a mark.
+    target.sensitivity = max(
+        target.sensitivity,
+        item.get("sensitivity", MemoryItem.Sensitivity.NONE),
+        key=sensitivity_rank,
+    )
     target.tags = sorted(set(target.tags) | set(item.get("tags", [])))
     target.access_count = F("access_count") + 1
     target.last_accessed_at = now
     target.revision = revision
+    target.version = F("version") + 1
     target.save(
-        update_fields=["importance", "tags", "access_count", "last_accessed_at", "revision"]
+        update_fields=[
+            "importance",
+            "sensitivity",
+            "tags",
+            "access_count",
+            "last_accessed_at",
+            "revision",
+            "version",
+        ]
     )
-    target.refresh_from_db(fields=["access_count"])
+    target.refresh_from_db(fields=["access_count", "version"])
     return target
 
 
@@ -178,31 +255,167 @@ def memory_index_now() -> bool:
     return True
 
 
-@transaction.atomic
-def memory_delete_many(*, queryset: QuerySet[MemoryItem]) -> int:
-    revision = revision_take(name=REVISION)
-    doomed = list(queryset.values_list("id", "agent_id"))
-    MemoryTombstone.objects.bulk_create(
-        [MemoryTombstone(point_id=pk, agent_id=agent, revision=revision) for pk, agent in doomed],
-        ignore_conflicts=True,
-    )
-    MemoryItem.objects.filter(id__in=[pk for pk, _ in doomed]).delete()
-    return len(doomed)
+def _record_gone(kind: str, actor: str, at: datetime) -> Any:
+    """revision_delete's `record`: each deleted item's last history event."""
+
+    def record(doomed: list[tuple[Any, str]]) -> None:
+        MemoryEvent.objects.bulk_create(
+            MemoryEvent(point_id=pk, agent_id=agent, kind=kind, at=at, actor=actor)
+            for pk, agent in doomed
+        )
+
+    return record
+
+
+def memory_delete_many(*, queryset: QuerySet[MemoryItem], actor: str = "") -> int:
+    """Delete items (tombstones for the indexes); their history keeps a `deleted` event."""
+    record = _record_gone(MemoryEvent.Kind.DELETED, actor, timezone.now())
+    return revision_delete(queryset=queryset, tombstone=MemoryTombstone, record=record)
 
 
 def memory_purge_expired(*, now: datetime | None = None) -> int:
     """Delete expired memory items in chunks, then tombstones older than the retention."""
     now = now or timezone.now()
-    deleted = 0
-    while pks := list(
-        MemoryItem.objects.filter(expires_at__lte=now).values_list("id", flat=True)[:PURGE_CHUNK]
-    ):
-        deleted += memory_delete_many(queryset=MemoryItem.objects.filter(id__in=pks))
-    horizon = now - timedelta(seconds=settings.REPLAY_TOMBSTONE_RETENTION)
-    revision_purge_tombstones(
-        name=REVISION, tombstones=MemoryTombstone.objects.filter(deleted_at__lt=horizon)
+    return revision_purge_expired(
+        model=MemoryItem,
+        tombstone=MemoryTombstone,
+        now=now,
+        chunk=PURGE_CHUNK,
+        record=_record_gone(MemoryEvent.Kind.EXPIRED, "", now),
     )
-    return deleted
+
+
+def memory_erase_agent(*, agent_id: str) -> dict[str, int]:
+    """Delete every memory item of the agent (tombstones for the indexes, no history: the
+    history goes too). Chunked, so that it is complete in one call whatever the count."""
+    items = revision_delete_all(
+        queryset=MemoryItem.objects.filter(agent_id=agent_id),
+        tombstone=MemoryTombstone,
+        chunk=PURGE_CHUNK,
+    )
+    events = delete_all(MemoryEvent.objects.filter(agent_id=agent_id), chunk=PURGE_CHUNK)
+    return {"memory_items": items, "memory_events": events}
+
+
+class StaleVersion(Conflict):
+    def __init__(self, current: int) -> None:
+        super().__init__(
+            f"The item is at version {current}: read it again, then send that version.",
+            current_version=current,
+        )
+
+
+# The fields PATCH /memory/{point_id} may set, besides content and ttl_seconds.
+UPDATABLE = ("importance", "sensitivity", "tags", "metadata")
+
+
+def memory_update(
+    *,
+    item: MemoryItem,
+    version: int,
+    changes: dict[str, Any],
+    actor: str = "",
+    now: datetime | None = None,
+) -> StoredMemory:
+    """Change an item read by the caller, if it is still at `version` (else StaleVersion).
+
+    New content is re-embedded and indexed before this returns, as a store is. When it
+    duplicates another of the agent's items (exactly, or near), the item is merged into that
+    one (importance, sensitivity and tags kept at the larger) and deleted: the answer is the
+    other item, and both histories say so."""
+    now = now or timezone.now()
+    content = changes.get("content")
+    vector, near_id = None, None
+    embedder = get_embedder()
+    if content is not None and content != item.content:
+        memory_check_model()
+        vector = embedder.embed_documents([content])[0]
+        near_id = _near_duplicate(item.agent_id, vector, now, exclude=item.pk)
+    with transaction.atomic():
+        # The revision first: its row lock orders this write after any other, so the version
+        # read next is the committed one (SQLite could not upgrade an older read snapshot).
+        revision = revision_take(name=REVISION)
+        row = MemoryItem.objects.filter(pk=item.pk).first()
+        if row is None:
+            raise NotFound(f"No memory item '{item.pk}'.")
+        if row.version != version:
+            raise StaleVersion(row.version)
+        before = _snapshot(row)
+        for field in UPDATABLE:
+            if field in changes:
+                setattr(row, field, changes[field])
+        row.tags = sorted(set(row.tags))
+        if "ttl_seconds" in changes:
+            ttl = changes["ttl_seconds"]
+            row.expires_at = now + timedelta(seconds=ttl) if ttl else None
+        if vector is not None:
+            digest = content_hash(content or "")
+            target = (
+                MemoryItem.objects.filter(agent_id=row.agent_id, content_hash=digest)
+                .exclude(pk=row.pk)
+                .first()
+            )
+            duplicate = "exact" if target else ""
+            if target is None and near_id:
+                target = MemoryItem.objects.filter(pk=near_id).exclude(pk=row.pk).first()
+                duplicate = "near" if target else ""
+            if target is not None:
+                merged = _merge_into(row, target, revision, now, actor, before)
+                return StoredMemory(merged, duplicate, memory_index_now())
+            row.content = content or ""
+            row.content_hash = digest
+            row.embedding = vector.astype("<f4").tobytes()
+            row.embedding_model = embedder.model_name
+        changed = _diff(before, _snapshot(row))
+        if not changed:
+            return StoredMemory(row, "", True)
+        row.version += 1
+        row.revision = revision
+        row.save()
+        _event(row, MemoryEvent.Kind.UPDATED, actor=actor, at=now, changes=changed).save()
+    return StoredMemory(row, "", memory_index_now())
+
+
+def _merge_into(
+    row: MemoryItem,
+    target: MemoryItem,
+    revision: int,
+    now: datetime,
+    actor: str,
+    before: dict[str, Any],
+) -> MemoryItem:
+    """`row`, changed as asked, duplicates `target`: fold it in and delete it."""
+    target_before = _snapshot(target)
+    _merge(
+        target,
+        {"importance": row.importance, "sensitivity": row.sensitivity, "tags": row.tags},
+        revision,
+        now,
+    )
+    asked = _diff(before, _snapshot(row))
+    MemoryEvent.objects.bulk_create(
+        [
+            _event(
+                target,
+                MemoryEvent.Kind.MERGED_FROM,
+                actor=actor,
+                at=now,
+                changes=_diff(target_before, _snapshot(target)),
+                other_point_id=row.pk,
+            ),
+            _event(
+                row,
+                MemoryEvent.Kind.MERGED_INTO,
+                actor=actor,
+                at=now,
+                changes=asked,
+                other_point_id=target.pk,
+                version=None,
+            ),
+        ]
+    )
+    revision_delete(queryset=MemoryItem.objects.filter(pk=row.pk), tombstone=MemoryTombstone)
+    return target
 
 
 def memory_reindex(*, batch: int = 64) -> int:

@@ -30,11 +30,10 @@ from ferrum_memory.core.revisions import revision_changes
 from ferrum_memory.core.telemetry import index_catch_up, traced
 
 from .embeddings import SparseVector, get_embedder
-from .models import MemoryItem, MemoryTombstone, VectorIndexCursor
+from .models import REVISION, MemoryItem, MemoryTombstone, VectorIndexCursor, sensitivity_rank
 
 logger = logging.getLogger(__name__)
 
-REVISION = "memory"
 DENSE, SPARSE = "dense", "bm25"
 # Hybrid search pools each mode's top PREFETCH candidates, scores every pooled item by both
 # modes (an item sharing no term with the query scores 0 in BM25) and ranks by the sum of the
@@ -62,6 +61,7 @@ ROW_FIELDS = (
     "kind",
     "tags",
     "importance",
+    "sensitivity",
     "created_at",
     "expires_at",
     "content",
@@ -80,6 +80,8 @@ class SearchFilter:
     created_after: float | None = None
     created_before: float | None = None
     min_importance: float | None = None
+    # The most sensitive level admitted (a MemoryItem.Sensitivity); empty admits every level.
+    max_sensitivity: str = ""
     point_ids: tuple[uuid.UUID, ...] = ()  # only these points, when given
 
 
@@ -191,6 +193,7 @@ class EdgeEngine:
             ("tags", keyword),
             ("session_id", keyword),
             ("importance", number),
+            ("sensitivity", number),
             ("created_at", number),
             ("expires_at", number),
         ]
@@ -327,9 +330,13 @@ def _edge_filter(flt: SearchFilter) -> Any:
         )
     if flt.min_importance is not None:
         must.append(FieldCondition("importance", range=RangeFloat(gte=flt.min_importance)))
-    # Items that never expire carry no expires_at, so they pass this must_not.
-    expired = FieldCondition("expires_at", range=RangeFloat(lte=flt.now))
-    return Filter(must=must, must_not=[expired])
+    # Items that never expire carry no expires_at, and items of no sensitivity no sensitivity
+    # (as every point indexed before the field existed), so they pass these must_nots.
+    must_not: list[Any] = [FieldCondition("expires_at", range=RangeFloat(lte=flt.now))]
+    if flt.max_sensitivity:
+        too_sensitive = RangeFloat(gt=sensitivity_rank(flt.max_sensitivity))
+        must_not.append(FieldCondition("sensitivity", range=too_sensitive))
+    return Filter(must=must, must_not=must_not)
 
 
 # Qdrant server (qdrant-client) ---------------------------------------------------------------
@@ -367,6 +374,7 @@ class ServerEngine:
             ("tags", kinds.KEYWORD),
             ("session_id", kinds.KEYWORD),
             ("importance", kinds.FLOAT),
+            ("sensitivity", kinds.FLOAT),
             ("created_at", kinds.FLOAT),
             ("expires_at", kinds.FLOAT),
         ):
@@ -498,8 +506,11 @@ def _server_filter(flt: SearchFilter) -> Any:
         must.append(
             models.FieldCondition(key="importance", range=models.Range(gte=flt.min_importance))
         )
-    expired = models.FieldCondition(key="expires_at", range=models.Range(lte=flt.now))
-    return models.Filter(must=must, must_not=[expired])
+    must_not: list[Any] = [models.FieldCondition(key="expires_at", range=models.Range(lte=flt.now))]
+    if flt.max_sensitivity:
+        too_sensitive = models.Range(gt=sensitivity_rank(flt.max_sensitivity))
+        must_not.append(models.FieldCondition(key="sensitivity", range=too_sensitive))
+    return models.Filter(must=must, must_not=must_not)
 
 
 def _server_down(exc: Exception) -> bool:
@@ -649,7 +660,20 @@ def _chunks(rows: Iterable[tuple[Any, ...]], size: int) -> Iterable[list[tuple[A
 
 
 def _point(row: tuple[Any, ...], model: str) -> IndexPoint:
-    pk, agent, session, kind, tags, importance, created, expires, content, embedding, made_by = row
+    (
+        pk,
+        agent,
+        session,
+        kind,
+        tags,
+        importance,
+        sensitivity,
+        created,
+        expires,
+        content,
+        embedding,
+        made_by,
+    ) = row
     if made_by != model:
         raise EmbeddingModelMismatch(made_by, model)
     payload: dict[str, Any] = {
@@ -662,6 +686,8 @@ def _point(row: tuple[Any, ...], model: str) -> IndexPoint:
     }
     if expires is not None:
         payload["expires_at"] = expires.timestamp()
+    if rank := sensitivity_rank(sensitivity):
+        payload["sensitivity"] = rank
     dense = np.frombuffer(bytes(embedding), dtype=np.float32).tolist()
     return IndexPoint(pk, dense, get_embedder().sparse_document(content), payload)
 

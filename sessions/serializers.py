@@ -4,8 +4,12 @@ from typing import Any
 
 from rest_framework import serializers
 
-from experience.serializers import MAX_COUNT, StrictIntegerField, json_size_validator
-from experience.serializers import CharField as StrictCharField
+from ferrum_memory.core.fields import (
+    MAX_COUNT,
+    StrictCharField,
+    StrictIntegerField,
+    json_size_validator,
+)
 
 from .models import Consolidation, Session
 

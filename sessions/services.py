@@ -23,12 +23,13 @@ from django.utils import timezone
 from kombu.exceptions import OperationalError as BrokerError
 
 from ferrum_memory.core.exceptions import Conflict, Gone, NotFound, ServiceError
+from ferrum_memory.core.revisions import delete_all
 from memory.embeddings import get_embedder
 from memory.models import MemoryItem
 from memory.services import memory_delete_many, memory_store_many
 
 from .consolidation import extract, memory_items
-from .models import Consolidation, Session
+from .models import Consolidation, Session, WorkingMemoryEntry
 from .selectors import session_gone, session_state_get
 from .working_memory import State, VersionConflict, WorkingMemoryUnavailable, get_working_memory
 
@@ -90,11 +91,13 @@ def session_start(
     messages: Sequence[dict[str, Any]] = (),
     ttl_seconds: int | None = None,
     now: datetime | None = None,
+    session_id: UUID | None = None,
 ) -> tuple[Session, State]:
-    """Open a session and write its first state (version 1) to the working-memory store."""
+    """Open a session and write its first state (version 1) to the working-memory store.
+    `session_id` is for an import, which keeps the id the session had."""
     now = now or timezone.now()
     session = Session(
-        id=uuid.uuid4(),
+        id=session_id or uuid.uuid4(),
         agent_id=agent_id,
         ttl_seconds=ttl_seconds or settings.DEFAULT_WORKING_MEM_TTL,
         started_at=now,
@@ -352,6 +355,25 @@ def _consolidate(consolidation: Consolidation, token: str, now: datetime) -> Non
 
 
 # The idle sweep (beat) -----------------------------------------------------------------------
+
+
+ERASE_CHUNK = 1_000
+
+
+def session_erase_agent(*, agent_id: str) -> dict[str, int]:
+    """Delete every session of the agent: its working memory first (Redis or the database),
+    then its consolidations (with their state snapshots) and its rows. With Redis down this
+    fails before any row goes, so a retry still finds every session whose key it must delete.
+    """
+    store = get_working_memory()
+    sessions = Session.objects.filter(agent_id=agent_id)
+    for session_id in sessions.values_list("pk", flat=True).iterator(chunk_size=ERASE_CHUNK):
+        store.delete(session_id=str(session_id))
+    delete_all(WorkingMemoryEntry.objects.filter(agent_id=agent_id), chunk=ERASE_CHUNK)
+    consolidations = delete_all(
+        Consolidation.objects.filter(session__agent_id=agent_id), chunk=ERASE_CHUNK
+    )
+    return {"sessions": delete_all(sessions, chunk=ERASE_CHUNK), "consolidations": consolidations}
 
 
 @dataclass

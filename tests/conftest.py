@@ -46,6 +46,17 @@ def anon_client() -> APIClient:
 
 
 @pytest.fixture(autouse=True)
+def fresh_replay_index():
+    # Each test starts with no in-process replay index: it is rebuilt from the test's DB. Any
+    # test may sample (dream cycles, erasure, access control), not only the experience tests.
+    from experience.replay_index import reset_replay_index
+
+    reset_replay_index()
+    yield
+    reset_replay_index()
+
+
+@pytest.fixture(autouse=True)
 def _clear_cache():
     # Throttle counters live in the cache; each test starts with a fresh budget.
     from django.core.cache import cache

@@ -41,6 +41,16 @@ class Gone(ServiceError):
     status_code = status.HTTP_410_GONE
 
 
+class TooManyRequests(ServiceError):
+    """Not now: the client may retry after `retry_after` seconds (the Retry-After header)."""
+
+    status_code = status.HTTP_429_TOO_MANY_REQUESTS
+
+    def __init__(self, message: str, *, retry_after: int, **extra: Any) -> None:
+        super().__init__(message, **extra)
+        self.retry_after = retry_after
+
+
 class Unavailable(ServiceError):
     """A backend the request needs is down: the client may retry later."""
 
@@ -55,7 +65,12 @@ def _transient(exc: OperationalError) -> bool:
 
 def api_exception_handler(exc: Exception, context: dict[str, Any]) -> Response | None:
     if isinstance(exc, ServiceError):
-        return Response({"detail": exc.message, **exc.extra}, status=exc.status_code)
+        headers = (
+            {"Retry-After": str(exc.retry_after)} if isinstance(exc, TooManyRequests) else None
+        )
+        return Response(
+            {"detail": exc.message, **exc.extra}, status=exc.status_code, headers=headers
+        )
     if isinstance(exc, OperationalError) and _transient(exc):
         # A dropped connection, a restarted server, a lock wait that timed out: transient, so
         # 503 (retry), not 500. Django closes the broken connection as the request ends and

@@ -1,3 +1,5 @@
+from typing import ClassVar
+
 from django.db import models
 
 
@@ -44,3 +46,22 @@ class RevisionCounter(models.Model):
 
     def __str__(self) -> str:
         return f"{self.name}@{self.value}"
+
+
+class Tombstone(models.Model):
+    """A deleted row, kept until every derived index has had time to drop it (abstract).
+
+    A concrete tombstone declares its primary key (the deleted row's) and `revision_counter`,
+    the name of the counter its app's writes take: the one place that name is written."""
+
+    revision_counter: ClassVar[str]
+
+    agent_id = models.CharField(max_length=256)
+    revision = models.BigIntegerField(db_index=True)
+    deleted_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        abstract = True
+
+    def __str__(self) -> str:
+        return f"tombstone {self.pk}@{self.revision}"

@@ -18,7 +18,7 @@ from typing import Any
 import orjson
 from django.conf import settings
 from rest_framework.exceptions import ParseError
-from rest_framework.parsers import JSONParser
+from rest_framework.parsers import BaseParser, JSONParser
 
 MAX_JSON_DEPTH = 64
 # \u0000 preceded by an even number of backslashes: an escape, not the text "\u0000".
@@ -71,3 +71,25 @@ class OrjsonParser(JSONParser):
         if json_depth_exceeds(data, MAX_JSON_DEPTH):
             raise ParseError(f"JSON nested deeper than {MAX_JSON_DEPTH} levels.")
         return data
+
+
+class JsonLinesParser(BaseParser):
+    """A JSON Lines body (an agent's export): its lines, as bytes, each parsed by the view's
+    service, which can then name the line that is wrong. The same size and NUL rules as a JSON
+    body."""
+
+    media_type = "application/x-ndjson"
+
+    def parse(
+        self,
+        stream: Any,
+        media_type: str | None = None,
+        parser_context: Mapping[str, Any] | None = None,
+    ) -> Any:  # a list of lines, where DRF's stubs know only mappings
+        limit = settings.DATA_UPLOAD_MAX_MEMORY_SIZE
+        body = (stream.read() if limit is None else stream.read(limit + 1)) if stream else b""
+        if limit is not None and len(body) > limit:
+            raise ParseError(body_too_large())
+        if _NUL_ESCAPE.search(body) or b"\x00" in body:
+            raise ParseError("JSON strings may not contain NUL characters (\\u0000).")
+        return body.splitlines()

@@ -1,5 +1,6 @@
 from typing import TYPE_CHECKING
 
+from django.http import HttpRequest
 from rest_framework import exceptions, permissions
 from rest_framework.request import Request
 
@@ -10,7 +11,8 @@ if TYPE_CHECKING:  # rest_framework.views imports the permission classes: no cyc
 
 
 class HasApiKey(permissions.BasePermission):
-    """A valid key is required; a read-only key may only use safe methods."""
+    """A valid key is required; a read-only key may only use safe methods, and the views that
+    take their query as a POST body but only read (`reads_only = True`: search, context)."""
 
     message = "This API key is read-only."
 
@@ -20,7 +22,8 @@ class HasApiKey(permissions.BasePermission):
             raise exceptions.NotAuthenticated(
                 "An API key is required: 'Authorization: Bearer <key>'."
             )
-        return request.method in permissions.SAFE_METHODS or not api_key.read_only
+        reads = request.method in permissions.SAFE_METHODS or getattr(view, "reads_only", False)
+        return reads or not api_key.read_only
 
 
 def allowed_agent_ids(request: Request) -> list[str] | None:
@@ -35,3 +38,14 @@ def ensure_agent_allowed(request: Request, agent_id: str) -> None:
     allowed = allowed_agent_ids(request)
     if allowed is not None and agent_id not in allowed:
         raise exceptions.PermissionDenied(f"This API key may not use agent '{agent_id}'.")
+
+
+def actor_name(request: Request) -> str:
+    """Who makes a change, for histories and erasure records: the API key's name."""
+    api_key = request.auth
+    return api_key.name if isinstance(api_key, ApiKey) else ""
+
+
+def admin_actor(request: HttpRequest) -> str:
+    """The admin user who makes a change, as histories and erasure records name them."""
+    return f"admin:{request.user.get_username()}"

@@ -1,12 +1,15 @@
 """Revisions: how derived indexes (replay trees, vector index) follow the DB."""
 
+from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import datetime, timedelta
 from typing import Any
 
+from django.conf import settings
 from django.db import DEFAULT_DB_ALIAS, connections, transaction
-from django.db.models import F, QuerySet
+from django.db.models import F, Model, QuerySet
 
-from .models import RevisionCounter
+from .models import RevisionCounter, Tombstone
 
 
 def revision_take(*, name: str) -> int:
@@ -21,6 +24,21 @@ def revision_take(*, name: str) -> int:
         RevisionCounter.objects.get_or_create(name=name)
         RevisionCounter.objects.filter(name=name).update(value=F("value") + 1)
     return RevisionCounter.objects.values_list("value", flat=True).get(name=name)
+
+
+def revision_lock(*, name: str) -> None:
+    """Hold counter `name`'s row lock for the rest of the current transaction without taking
+    a revision: its writers wait until this transaction ends, and every write before it has
+    committed. A reader that must see the latest state and write only sometimes (a capped
+    replay draw) takes this first, then revision_take if it does write."""
+    if not transaction.get_connection().in_atomic_block:
+        raise RuntimeError("revision_lock() must run inside a transaction")
+    # SQLite runs every write transaction IMMEDIATE (settings): it holds the database's write
+    # lock already, and Django skips FOR UPDATE there.
+    locked = RevisionCounter.objects.select_for_update().filter(name=name).values_list("pk")
+    if not list(locked):
+        RevisionCounter.objects.get_or_create(name=name)
+        list(locked)
 
 
 def revision_state(*, name: str) -> tuple[int, int]:
@@ -51,6 +69,88 @@ def revision_purge_tombstones(*, name: str, tombstones: QuerySet[Any]) -> int:
         RevisionCounter.objects.filter(name=name, purged_through__lt=through).update(
             purged_through=through
         )
+    return deleted
+
+
+Doomed = list[tuple[Any, str]]  # (pk, agent_id) of each deleted row
+
+
+@transaction.atomic
+def revision_delete(
+    *,
+    queryset: QuerySet[Any],
+    tombstone: type[Tombstone],
+    record: Callable[[Doomed], None] | None = None,
+) -> int:
+    """Delete the rows of `queryset` (a model with an `agent_id`) in one write of
+    `tombstone`'s counter, leaving a tombstone per row so every derived index drops it.
+    `record`, given the rows, writes what else the delete means (history) in its transaction."""
+    revision = revision_take(name=tombstone.revision_counter)
+    doomed = list(queryset.values_list("pk", "agent_id"))
+    if record is not None and doomed:
+        record(doomed)
+    key = tombstone._meta.pk.attname
+    # A row deleted before under the same key (an experience key SQLite gave out again, an
+    # imported memory's id) has a tombstone already: it takes this revision, or an index past
+    # the old one would never drop the row.
+    tombstone._default_manager.bulk_create(
+        [tombstone(**{key: pk}, agent_id=agent, revision=revision) for pk, agent in doomed],
+        update_conflicts=True,
+        unique_fields=[key],
+        update_fields=["agent_id", "revision", "deleted_at"],
+    )
+    queryset.model.objects.filter(pk__in=[pk for pk, _ in doomed]).delete()
+    return len(doomed)
+
+
+def revision_delete_all(
+    *,
+    queryset: QuerySet[Any],
+    tombstone: type[Tombstone],
+    chunk: int,
+    record: Callable[[Doomed], None] | None = None,
+) -> int:
+    """revision_delete of every row of `queryset`, `chunk` rows a transaction, so that other
+    writers (and the indexes' readers) wait for one chunk at most, never for the whole."""
+    deleted = 0
+    model = queryset.model
+    while pks := list(queryset.order_by("pk").values_list("pk", flat=True)[:chunk]):
+        deleted += revision_delete(
+            queryset=model._default_manager.filter(pk__in=pks), tombstone=tombstone, record=record
+        )
+    return deleted
+
+
+def delete_all(queryset: QuerySet[Any], *, chunk: int) -> int:
+    """Delete every row of `queryset` (no index follows it), `chunk` rows a transaction."""
+    deleted = 0
+    model = queryset.model
+    while pks := list(queryset.order_by("pk").values_list("pk", flat=True)[:chunk]):
+        deleted += model._default_manager.filter(pk__in=pks).delete()[1].get(model._meta.label, 0)
+    return deleted
+
+
+def revision_purge_expired(
+    *,
+    model: type[Model],
+    tombstone: type[Tombstone],
+    now: datetime,
+    chunk: int,
+    record: Callable[[Doomed], None] | None = None,
+) -> int:
+    """Delete `model`'s rows expired by `now` (an `expires_at` field), `chunk` rows a
+    transaction, then the tombstones older than REPLAY_TOMBSTONE_RETENTION."""
+    deleted = revision_delete_all(
+        queryset=model._default_manager.filter(expires_at__lte=now),
+        tombstone=tombstone,
+        chunk=chunk,
+        record=record,
+    )
+    horizon = now - timedelta(seconds=settings.REPLAY_TOMBSTONE_RETENTION)
+    revision_purge_tombstones(
+        name=tombstone.revision_counter,
+        tombstones=tombstone._default_manager.filter(deleted_at__lt=horizon),
+    )
     return deleted
 
 

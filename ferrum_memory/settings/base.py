@@ -69,6 +69,7 @@ INSTALLED_APPS = [
     "memory",
     "experience",
     "sessions.apps.SessionsConfig",
+    "agents",
 ]
 
 MIDDLEWARE = [
@@ -127,7 +128,10 @@ else:
                 # WAL lets the web, worker and beat processes read while one of them writes;
                 # IMMEDIATE takes the write lock up front, so concurrent writers wait (up to
                 # the timeout) instead of failing with "database is locked" mid-transaction.
-                "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
+                # secure_delete: a deleted row's bytes are overwritten with zeros, so that an
+                # erased agent's content is not left in free pages of the file (agents app).
+                "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL; "
+                "PRAGMA secure_delete=ON;",
                 "transaction_mode": "IMMEDIATE",
                 "timeout": 20,
             },
@@ -192,6 +196,10 @@ FASTEMBED_RERANK_MODEL = env.str("FASTEMBED_RERANK_MODEL", default="")
 FASTEMBED_RERANK_MODEL_PATH = env.str("FASTEMBED_RERANK_MODEL_PATH", default="")
 # Cosine similarity from which a new memory of the same agent is merged into an existing one.
 MEMORY_NEAR_DUPLICATE = env.float("MEMORY_NEAR_DUPLICATE", default=0.95)
+# POST /memory/context: the tokenizer that counts its budget (memory.tokens), and the default
+# relevance below which a memory is left out of a context (calibrated by bench/context.py).
+CONTEXT_TOKENIZER = env.str("CONTEXT_TOKENIZER", default="o200k_base")
+CONTEXT_MIN_RELEVANCE = env.float("CONTEXT_MIN_RELEVANCE", default=0.5)
 DEFAULT_MEMORY_TTL = env.int("DEFAULT_MEMORY_TTL", default=0)
 DEFAULT_REPLAY_TTL = env.int("DEFAULT_REPLAY_TTL", default=86400)
 DEFAULT_WORKING_MEM_TTL = env.int("DEFAULT_WORKING_MEM_TTL", default=86400)
@@ -245,6 +253,8 @@ SPECTACULAR_SETTINGS = {
         "StatusEnum": ["ok", "error"],
         "MemoryKindEnum": "memory.models.MemoryItem.Kind",
         "MemorySourceEnum": "memory.models.MemoryItem.Source",
+        "MemorySensitivityEnum": "memory.models.MemoryItem.Sensitivity",
+        "MemoryEventKindEnum": "memory.models.MemoryEvent.Kind",
     },
 }
 
@@ -265,6 +275,22 @@ REPLAY_BETA = env.float("REPLAY_BETA", default=0.4)
 REPLAY_EPSILON = env.float("REPLAY_EPSILON", default=1e-6)
 # Tombstones older than this are purged; a replay index that fell further behind rebuilds.
 REPLAY_TOMBSTONE_RETENTION = env.int("REPLAY_TOMBSTONE_RETENTION", default=3600)
+# Replay controls: the defaults of an agent with no settings of its own (GET/PUT
+# /experience/settings and the admin set one agent's; see experience/replay_services.py).
+# Capacity per agent (0: none); past it an insert removes items by REPLAY_REMOVER (fifo:
+# oldest first, or lowest_priority) in its own transaction.
+REPLAY_MAX_SIZE = env.int("REPLAY_MAX_SIZE", default=0)
+REPLAY_REMOVER = env.str("REPLAY_REMOVER", default="fifo")
+# An item drawn this many times is retired: no replay draws it again (0: no cap).
+REPLAY_MAX_TIMES_SAMPLED = env.int("REPLAY_MAX_TIMES_SAMPLED", default=0)
+# The samples-per-insert rate limiter (Reverb's SampleToInsertRatio; 0: no limiter): replay
+# waits for REPLAY_MIN_SIZE items, then grants draws while
+# samples <= (inserts - min_size) * samples_per_insert + tolerance.
+REPLAY_MIN_SIZE = env.int("REPLAY_MIN_SIZE", default=0)
+REPLAY_SAMPLES_PER_INSERT = env.float("REPLAY_SAMPLES_PER_INSERT", default=0.0)
+REPLAY_SPI_TOLERANCE = env.float("REPLAY_SPI_TOLERANCE", default=0.0)
+# Interval of the default beat schedule that records each agent's counters for the dashboard.
+REPLAY_SNAPSHOT_SECONDS = env.int("REPLAY_SNAPSHOT_SECONDS", default=300)
 
 # DREAM CYCLES (scheduled replay handed to a learner; see experience/dream_services.py)
 # ------------------------------------------------------------------------------

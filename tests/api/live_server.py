@@ -7,7 +7,7 @@ import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import requests
@@ -22,10 +22,10 @@ SCALED_OUT = ("DATABASE_URL", "REDIS_URL", "CELERY_BROKER_URL", "QDRANT_URL")
 class LiveServer:
     base_url: str
     api_key: str
-    env: dict[str, str]
+    env: dict[str, str] = field(default_factory=dict, repr=False)
 
     def manage(self, *args: str) -> str:
-        """A manage.py command on the server's database and settings."""
+        """Run a management command on the server's database (e.g. `dream --agent ID`)."""
         return _manage(self.env, *args)
 
 

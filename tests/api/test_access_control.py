@@ -10,12 +10,13 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
+import orjson
 import pytest
 from django.urls import URLPattern, URLResolver, get_resolver, reverse
 from rest_framework.test import APIClient
 
 from experience.dream_services import dream_cycle_claim, dream_cycle_run
-from experience.models import DreamCycle, Experience
+from experience.models import DreamCycle, Experience, ReplaySettings
 from ferrum_memory.core.services import api_key_create
 from memory.models import MemoryItem
 from memory.services import reset_model_check
@@ -28,7 +29,11 @@ pytestmark = pytest.mark.django_db
 OWN, OTHER = "agent-own", "agent-other"
 # Routes that need no key (DESIGN.md, Security); the admin has its own login (tested below).
 PUBLIC = {"health", "openapi", "docs"}
+# Writes that only a key not limited to agents may make (an operator's, not an agent's).
+UNRESTRICTED_ONLY = {("experience-settings", "put")}
 WRITE_METHODS = {"post", "put", "patch", "delete"}
+# POSTs that only read (their query is a body): a read-only key may send them.
+READ_POSTS = {("memory-search", "post"), ("memory-context", "post")}
 
 
 @dataclass
@@ -50,6 +55,22 @@ class AgentData:
 class Request:
     path: str
     body: dict[str, Any] | None = None  # JSON body, or the query of a GET
+    lines: list[dict[str, Any]] | None = None  # a JSON Lines body instead
+
+
+def _empty_export(data: AgentData) -> Request:
+    """An import of an export with nothing in it: 201 on the key's own agent."""
+    header = {
+        "type": "header",
+        "format": "ferrum-memory-agent",
+        "version": 1,
+        "agent_id": data.agent_id,
+        "embedding_model": "any",
+        "embedding_dim": 384,
+    }
+    kinds = ("memory_items", "memory_events", "experiences", "sessions", "dream_cycles")
+    end = {"type": "end", "counts": dict.fromkeys(kinds, 0)}
+    return Request(f"/agents/{data.agent_id}/import", lines=[header, end])
 
 
 Case = Callable[[AgentData], Request]
@@ -69,10 +90,24 @@ CASES: dict[str, dict[str, Case]] = {
     "memory-search": {
         "post": lambda d: Request("/memory/search", {"agent_id": d.agent_id, "query": "fact"})
     },
+    "memory-list": {"get": lambda d: Request("/memory/", {"agent_id": d.agent_id})},
+    "memory-context": {
+        "post": lambda d: Request(
+            "/memory/context",
+            {
+                "agent_id": d.agent_id,
+                "query": "fact",
+                "token_budget": 200,
+                "session_id": d.session_id,
+            },
+        )
+    },
     "memory-detail": {
         "get": lambda d: Request(f"/memory/{d.point_id}"),
+        "patch": lambda d: Request(f"/memory/{d.point_id}", {"version": 1, "importance": 0.9}),
         "delete": lambda d: Request(f"/memory/{d.point_id}"),
     },
+    "memory-history": {"get": lambda d: Request(f"/memory/{d.point_id}/history")},
     "memory-compress": {
         "post": lambda d: Request(f"/memory/compress?session_id={d.session_id}"),
     },
@@ -90,6 +125,10 @@ CASES: dict[str, dict[str, Case]] = {
     },
     "experience-replay": {
         "get": lambda d: Request("/experience/replay", {"agent_id": d.agent_id}),
+    },
+    "experience-settings": {
+        "get": lambda d: Request("/experience/settings", {"agent_id": d.agent_id}),
+        "put": lambda d: Request("/experience/settings", {"agent_id": d.agent_id, "max_size": 99}),
     },
     "experience-detail": {
         "get": lambda d: Request(f"/experience/{d.experience_id}"),
@@ -109,6 +148,9 @@ CASES: dict[str, dict[str, Case]] = {
         ),
     },
     "session-close": {"post": lambda d: Request("/session/close", {"session_id": d.session_id})},
+    "agent-detail": {"delete": lambda d: Request(f"/agents/{d.agent_id}")},
+    "agent-export": {"get": lambda d: Request(f"/agents/{d.agent_id}/export")},
+    "agent-import": {"post": _empty_export},
     "stats": {"get": lambda d: Request("/stats")},
     "metrics": {"get": lambda d: Request("/metrics")},
 }
@@ -147,6 +189,9 @@ def client_for(raw_key: str | None = None) -> APIClient:
 
 
 def send(client: APIClient, method: str, request: Request) -> Any:
+    if request.lines is not None:
+        body = b"".join(orjson.dumps(line) + b"\n" for line in request.lines)
+        return client.post(request.path, body, content_type="application/x-ndjson")
     if method == "get":
         return client.get(request.path, request.body or {})
     return getattr(client, method)(request.path, request.body, format="json")
@@ -199,6 +244,7 @@ def other_agents_rows(agent_id: str) -> dict[str, list[Any]]:
         "experience": list(Experience.objects.filter(agent_id=agent_id).values().order_by("pk")),
         "session": list(Session.objects.filter(agent_id=agent_id).values().order_by("pk")),
         "cycles": list(DreamCycle.objects.filter(agent_id=agent_id).values().order_by("pk")),
+        "replay_settings": list(ReplaySettings.objects.filter(agent_id=agent_id).values()),
     }
 
 
@@ -234,12 +280,22 @@ def test_a_key_limited_to_one_agent_never_reaches_another_agents_data(seeded, na
         assert method == "get" or name == "experience-td-error"
         assert OTHER.encode() not in response.content
     assert other_agents_rows(OTHER) == before
-    # The same request on the key's own agent is served: the refusal above was about the agent.
     own = send(client, method, CASES[name][method](seeded[OWN]))
+    if (name, method) in UNRESTRICTED_ONLY:
+        # Refused on the key's own agent too; a key for every agent is served.
+        assert own.status_code == 403, own.content
+        unrestricted = client_for(api_key_create(name="all")[1])
+        served = send(unrestricted, method, CASES[name][method](seeded[OWN]))
+        assert 200 <= served.status_code < 300, served.content
+        return
+    # The same request on the key's own agent is served: the refusal above was about the agent.
     assert 200 <= own.status_code < 300, own.content
 
 
-@pytest.mark.parametrize(("name", "method"), [r for r in guarded_routes() if r[1] in WRITE_METHODS])
+@pytest.mark.parametrize(
+    ("name", "method"),
+    [r for r in guarded_routes() if r[1] in WRITE_METHODS and r not in READ_POSTS],
+)
 def test_a_read_only_key_cannot_write(seeded, name, method):
     client = client_for(api_key_create(name="ro", read_only=True)[1])
     before = {agent: other_agents_rows(agent) for agent in (OWN, OTHER)}
@@ -250,7 +306,9 @@ def test_a_read_only_key_cannot_write(seeded, name, method):
     assert {agent: other_agents_rows(agent) for agent in (OWN, OTHER)} == before
 
 
-@pytest.mark.parametrize(("name", "method"), [r for r in guarded_routes() if r[1] == "get"])
+@pytest.mark.parametrize(
+    ("name", "method"), [r for r in guarded_routes() if r[1] == "get" or r in READ_POSTS]
+)
 def test_a_read_only_key_can_read(seeded, name, method):
     client = client_for(api_key_create(name="ro", read_only=True)[1])
     response = send(client, method, CASES[name][method](seeded[OWN]))

@@ -502,7 +502,7 @@ def test_read_only_key_can_read_but_not_write(api_client):
 
 
 def test_strict_float_rejects_non_finite_directly():
-    from experience.serializers import StrictFloatField
+    from ferrum_memory.core.fields import StrictFloatField
 
     field = StrictFloatField()
     for bad in (math.nan, math.inf, "1", True, None):

@@ -25,6 +25,8 @@ CHARTS = {
     "reward-over-time",
     "pass-rate-over-time",
     "buffer-by-agent",
+    "spi-ratio-over-time",
+    "size-over-time",
 }
 
 

@@ -5,8 +5,9 @@ from functools import partial
 import pytest
 from django.db import transaction
 
-from experience.models import Experience
+from experience.models import Experience, ReplayState
 from experience.replay_index import ReplayIndex
+from experience.replay_services import replay_settings_put
 from experience.services import (
     experience_create_many,
     experience_delete_many,
@@ -27,11 +28,17 @@ def db_priorities(agent_id: str | None = None) -> dict[int, float]:
 
 
 @pytest.mark.django_db(transaction=True)
-def test_concurrent_writers_never_lose_a_committed_write():
+@pytest.mark.parametrize("max_size", [0, 7], ids=["no-capacity", "evicting"])
+def test_concurrent_writers_never_lose_a_committed_write(max_size):
     """Writers insert, re-prioritise and delete in parallel, some holding their transaction
     open after writing, while a reader catches up continuously. Afterwards the index must
-    equal the DB exactly: a write skipped by the cursor would never be read again."""
+    equal the DB exactly: a write skipped by the cursor would never be read again. With a
+    capacity, inserts also evict (fifo for one agent, lowest priority for the other) in their
+    transactions, and each agent's counted size must equal its rows."""
     index = ReplayIndex()
+    if max_size:
+        for agent, remover in (("agent-0", "fifo"), ("agent-1", "lowest_priority")):
+            replay_settings_put(agent_id=agent, values={"max_size": max_size, "remover": remover})
 
     def writer(number: int) -> None:
         rng = random.Random(number)
@@ -55,10 +62,14 @@ def test_concurrent_writers_never_lose_a_committed_write():
 
     run_writers_against_reader([partial(writer, n) for n in range(4)], index.catch_up)
     index.catch_up()
-    assert len(db_priorities()) > 40
+    assert len(db_priorities()) > (12 if max_size else 40)
     assert index.priorities() == db_priorities()
     for agent in ("agent-0", "agent-1"):
         assert index.priorities(agent) == db_priorities(agent)
+        state = ReplayState.objects.get(agent_id=agent)
+        assert state.size == Experience.objects.filter(agent_id=agent).count()
+        if max_size:
+            assert 0 < state.size <= max_size and state.removals > 10
 
 
 @pytest.mark.django_db

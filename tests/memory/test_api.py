@@ -183,3 +183,19 @@ def test_health_reports_the_vector_index(anon_client, api_client):
     body = anon_client.get("/health").json()
     assert body["backends"]["vector_index"]["status"] == "ok"
     assert body["backends"]["vector_index"]["lag"] == 0
+
+
+def test_max_sensitivity_admits_a_level_and_every_level_below_it(api_client):
+    for level in ("none", "low", "pii", "sensitive"):
+        store(api_client, f"The {level} note about the deploy failure.", sensitivity=level)
+    found = search(api_client, "deploy failure note", max_sensitivity="low", limit=10)
+    assert sorted(found) == [
+        "The low note about the deploy failure.",
+        "The none note about the deploy failure.",
+    ]
+    assert len(search(api_client, "deploy failure note", limit=10)) == 4
+    merged = store(api_client, "the NONE note about the deploy failure.", sensitivity="pii")
+    assert merged["duplicate"] == "exact" and merged["item"]["sensitivity"] == "pii"
+    assert "The none note about the deploy failure." not in search(
+        api_client, "deploy failure note", max_sensitivity="low", limit=10
+    )

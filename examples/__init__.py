@@ -1,0 +1,1 @@
+"""Examples of the client package in use; each runs as a script."""

@@ -16,7 +16,7 @@ from django.db import transaction
 from django.db.models import Count, F, Max, Q, QuerySet
 from django.utils import timezone
 
-from ferrum_memory.core.exceptions import Conflict, ServiceError, TooManyRequests
+from ferrum_memory.core.exceptions import Conflict, TooManyRequests
 from ferrum_memory.core.metrics import DREAM_CYCLES
 from ferrum_memory.core.telemetry import traced
 

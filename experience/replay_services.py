@@ -167,7 +167,8 @@ def replay_draw(
     agent's, and a draw across agents could not be granted or counted against them."""
     if agent_id is None:
         if replay_controls_anywhere():
-            raise ServiceError(
+            # 409: a well-formed request refused because of the server's state (controls set).
+            raise Conflict(
                 "Name an agent_id: replay controls (a rate limiter or a sampling cap) are set, "
                 "and they apply to one agent's replay.",
                 agent_id=["Required while replay controls are set."],

@@ -116,6 +116,12 @@ def schemathesis_config(ids: dict[str, dict[str, str]]) -> str:
         '[[operations]]\ninclude-name = "DELETE /memory/{point_id}"\n'
         '[operations.generation]\nmode = "positive"\n'
     )
+    # A JSON Lines import is a string to a JSON Schema; what makes it an export is beyond one,
+    # so only invalid bodies are generated (tests/agents/test_transfer.py imports real ones).
+    blocks.append(
+        '[[operations]]\ninclude-name = "POST /agents/{agent_id}/import"\n'
+        '[operations.generation]\nmode = "negative"\n'
+    )
     return "\n".join(["[warnings]\nfail-on = true\n", *blocks])
 
 

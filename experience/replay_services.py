@@ -25,7 +25,7 @@ from django.db import transaction
 from django.db.models import Count, ExpressionWrapper, F, FloatField, Value
 from django.utils import timezone
 
-from ferrum_memory.core.exceptions import Conflict, ServiceError, TooManyRequests
+from ferrum_memory.core.exceptions import Conflict, TooManyRequests
 from ferrum_memory.core.revisions import revision_lock, revision_take
 
 from .models import Experience, ReplaySettings, ReplaySnapshot, ReplayState

@@ -227,8 +227,8 @@ class MemoryContextSerializer(serializers.Serializer):
         max_value=1,
         required=False,
         help_text=f"Share of the budget for the recent turns; default {DEFAULT_RECENT_SHARE}, "
-        "or 1 - memory_share. With both given they must add up to 1. What one part leaves "
-        "unused goes to the other.",
+        "or 1 - memory_share. With both given they are proportions: recent_share / (recent_share "
+        "+ memory_share) (both 0: the default). What one part leaves unused goes to the other.",
     )
     memory_share = StrictFloatField(
         min_value=0,
@@ -273,11 +273,11 @@ class MemoryContextSerializer(serializers.Serializer):
 
     def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
         recent, memory = attrs.pop("recent_share", None), attrs.pop("memory_share", None)
-        if recent is not None and memory is not None and abs(recent + memory - 1) > 1e-9:
-            raise serializers.ValidationError(
-                {"memory_share": [f"recent_share + memory_share must be 1, not {recent + memory}."]}
-            )
-        if recent is None:
+        if recent is not None and memory is not None:
+            # Any two shares the schema admits are valid: a client generated from it may send
+            # 0.3 and 0.3, which say half and half.
+            recent = recent / (recent + memory) if recent + memory else DEFAULT_RECENT_SHARE
+        elif recent is None:
             recent = DEFAULT_RECENT_SHARE if memory is None else 1 - memory
         attrs["recent_share"] = recent
         attrs["session_id"] = str(attrs["session_id"]) if "session_id" in attrs else ""

@@ -32,6 +32,7 @@ SEED = int(os.environ.get("SCHEMATHESIS_SEED", "20"))
 DREAMER = "dreamer"
 HTTP_METHODS = {"get", "put", "post", "patch", "delete"}
 SCHEMATHESIS = Path(sys.executable).parent / "schemathesis"
+ROOT = Path(__file__).resolve().parents[2]
 
 pytestmark = pytest.mark.live_server
 
@@ -116,13 +117,16 @@ def schemathesis_config(ids: dict[str, dict[str, str]]) -> str:
         '[[operations]]\ninclude-name = "DELETE /memory/{point_id}"\n'
         '[operations.generation]\nmode = "positive"\n'
     )
-    # A JSON Lines import is a string to a JSON Schema; what makes it an export is beyond one,
-    # so only invalid bodies are generated (tests/agents/test_transfer.py imports real ones).
+    # A JSON Lines import is a string to a JSON Schema; what makes it an export (a header, typed
+    # lines, an end line that counts them) is beyond one, so a generated string is no export:
+    # its refusal is no finding. tests/agents/test_transfer.py imports real ones.
     blocks.append(
         '[[operations]]\ninclude-name = "POST /agents/{agent_id}/import"\n'
-        '[operations.generation]\nmode = "negative"\n'
+        "[operations.checks.positive_data_acceptance]\nenabled = false\n"
     )
-    return "\n".join(["[warnings]\nfail-on = true\n", *blocks])
+    # Every check, in the config rather than as `--checks all` (which would override the one
+    # exception above).
+    return "\n".join(["[checks]\nenabled = true\n\n[warnings]\nfail-on = true\n", *blocks])
 
 
 def test_schemathesis_with_every_check_finds_nothing(server, tmp_path):
@@ -137,8 +141,6 @@ def test_schemathesis_with_every_check_finds_nothing(server, tmp_path):
             "--no-color",
             "run",
             f"{server.base_url}/openapi.json",
-            "--checks",
-            "all",
             "--header",
             f"Authorization: Bearer {server.api_key}",
             "--max-examples",
@@ -159,6 +161,11 @@ def test_schemathesis_with_every_check_finds_nothing(server, tmp_path):
         timeout=1200,
         check=False,
         cwd=tmp_path,  # its cache folder
+        env={
+            **os.environ,
+            "SCHEMATHESIS_HOOKS": "tests.api.schemathesis_hooks",
+            "PYTHONPATH": str(ROOT),
+        },
     )
     assert run.returncode == 0, run.stdout[-20_000:] + run.stderr[-5_000:]
     summary = run.stdout[run.stdout.rfind("SUMMARY") :]

@@ -18,7 +18,8 @@ from sessions.serializers import MAX_TTL_SECONDS
 
 
 class AgentPathSerializer(serializers.Serializer):
-    agent_id = StrictCharField(max_length=256)
+    # Not trimmed: a path is the id as it is, and its length is the schema's maxLength.
+    agent_id = StrictCharField(max_length=256, trim_whitespace=False)
 
 
 class ErasureCountsSerializer(serializers.Serializer):

@@ -16,7 +16,7 @@ from django.db import transaction
 from django.db.models import Count, F, Max, Q, QuerySet
 from django.utils import timezone
 
-from ferrum_memory.core.exceptions import Conflict, ServiceError, TooManyRequests
+from ferrum_memory.core.exceptions import Conflict, TooManyRequests
 from ferrum_memory.core.metrics import DREAM_CYCLES
 from ferrum_memory.core.telemetry import traced
 
@@ -229,7 +229,8 @@ def dream_cycle_complete(
     """Record the learner's new TD errors for every experience of the cycle and complete it.
 
     Only the holder of the current lease may (409 otherwise: the lease was taken over, or the
-    cycle is completed); the TD errors must cover exactly the cycle's experiences (400)."""
+    cycle is completed); the TD errors must cover exactly the cycle's experiences (409 too: the
+    body is well formed, it does not fit this cycle's draws)."""
     now = now or timezone.now()
     cycle = dream_cycle_get(cycle_id=cycle_id, agent_ids=agent_ids)
     items = list(cycle.items.all())
@@ -237,7 +238,7 @@ def dream_cycle_complete(
     expected = {item.experience_id for item in items}
     missing, foreign = sorted(expected - reported.keys()), sorted(reported.keys() - expected)
     if missing or foreign:
-        raise ServiceError(
+        raise Conflict(
             "Report one TD error for each experience of the cycle, and no other.",
             missing_ids=missing,
             foreign_ids=foreign,

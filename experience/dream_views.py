@@ -90,7 +90,10 @@ class DreamCycleTdErrorsView(APIView):
             200: s.DreamCompletionSerializer,
             400: INVALID,
             404: NOT_FOUND,
-            409: OpenApiResponse(description="The lease was taken over, or the cycle is done."),
+            409: OpenApiResponse(
+                description="The lease was taken over, or the cycle is done; or the TD errors "
+                "are not one for each experience of the cycle (`missing_ids`, `foreign_ids`)."
+            ),
         },
     )
     def post(self, request: Request, cycle_id: int) -> Response:

@@ -25,7 +25,7 @@ from django.db import transaction
 from django.db.models import Count, ExpressionWrapper, F, FloatField, Value
 from django.utils import timezone
 
-from ferrum_memory.core.exceptions import Conflict, ServiceError, TooManyRequests
+from ferrum_memory.core.exceptions import Conflict, TooManyRequests
 from ferrum_memory.core.revisions import revision_lock, revision_take
 
 from .models import Experience, ReplaySettings, ReplaySnapshot, ReplayState
@@ -167,7 +167,8 @@ def replay_draw(
     agent's, and a draw across agents could not be granted or counted against them."""
     if agent_id is None:
         if replay_controls_anywhere():
-            raise ServiceError(
+            # 409: a well-formed request refused because of the server's state (controls set).
+            raise Conflict(
                 "Name an agent_id: replay controls (a rate limiter or a sampling cap) are set, "
                 "and they apply to one agent's replay.",
                 agent_id=["Required while replay controls are set."],

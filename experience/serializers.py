@@ -25,6 +25,7 @@ from ferrum_memory.core.fields import (
     finite_number,
     json_size_validator,
     surrogate_error,
+    whole_number,
 )
 
 from .models import Experience
@@ -58,7 +59,8 @@ def validate_experience_id(value: str) -> None:
 
 class ToolCallRecordSerializer(serializers.Serializer):
     name = StrictCharField(max_length=256)
-    arguments = serializers.JSONField(default=dict)
+    # null too: a client that has no arguments may say so either way.
+    arguments = serializers.JSONField(default=dict, allow_null=True)
     output = serializers.JSONField(default=None, allow_null=True)
     error = StrictCharField(
         max_length=MAX_TEXT_CHARS, allow_null=True, allow_blank=True, default=None
@@ -145,7 +147,8 @@ def _whole(maximum: int) -> Callable[[Any], int]:
     def check(value: Any) -> int:
         if value is None:
             raise ValidationError(["This field may not be null."])
-        if isinstance(value, bool) or not isinstance(value, int):
+        value = whole_number(value)
+        if value is None:
             raise ValidationError(["An integer is required."])
         if value < 0:
             raise ValidationError(["Ensure this value is greater than or equal to 0."])
@@ -227,7 +230,7 @@ Shape = tuple[tuple[str, Callable[[Any], Any], Any], ...]  # (key, check, defaul
 
 TOOL_CALL: Shape = (
     ("name", _text(max_length=256), REQUIRED),
-    ("arguments", _json(null=False), dict),
+    ("arguments", _json(null=True), dict),
     ("output", _json(null=True), lambda: None),
     ("error", _text(max_length=MAX_TEXT_CHARS, blank=True, null=True), lambda: None),
     ("duration_ms", _duration, lambda: None),

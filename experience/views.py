@@ -148,7 +148,7 @@ class ExperienceStatsView(APIView):
 class TdErrorView(APIView):
     @extend_schema(
         request=TdErrorRequest,
-        responses={200: s.TdErrorResultSerializer, 404: OpenApiResponse(), **ERRORS},
+        responses={200: s.TdErrorResultSerializer, **ERRORS},
     )
     def put(self, request: Request) -> Response:
         data = request.data
@@ -165,14 +165,8 @@ class TdErrorView(APIView):
             updates=[(u["experience_id"], u["td_error"]) for u in updates],
             agent_ids=allowed_agent_ids(request),
         )
-        if not batch and result.unknown_ids:
-            return Response(
-                {
-                    "detail": f"No experience '{result.unknown_ids[0]}'.",
-                    "unknown_ids": result.unknown_ids,
-                },
-                status=status.HTTP_404_NOT_FOUND,
-            )
+        # An unknown id is reported, one or many alike: the target of the PUT is this endpoint,
+        # which exists, so a 404 would say the wrong thing (and clients read one answer shape).
         return Response(s.TdErrorResultSerializer(result).data)
 
 

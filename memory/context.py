@@ -16,7 +16,7 @@ from typing import Any
 from django.conf import settings
 from django.utils import timezone
 
-from ferrum_memory.core.exceptions import ServiceError, Unavailable
+from ferrum_memory.core.exceptions import Conflict, Unavailable
 from sessions.selectors import session_state_get
 
 from .models import MemoryItem
@@ -123,9 +123,8 @@ def memory_context(
             degraded.append("working_memory")
         else:
             if session.agent_id != agent_id:
-                raise ServiceError(
-                    f"Session {session_id} belongs to another agent, not {agent_id!r}."
-                )
+                # 409, as an import naming another agent's id: the request is well formed.
+                raise Conflict(f"Session {session_id} belongs to another agent, not {agent_id!r}.")
             messages = list(state.get("messages", []))
     hits: list[MemoryHit] = []
     try:

@@ -104,16 +104,6 @@ class MemoryListQuerySerializer(serializers.Serializer):
             raise serializers.ValidationError(f"At most {MAX_TAGS} tags of 100 characters.")
         return tags
 
-    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
-        return _created_range(attrs)
-
-
-def _created_range(attrs: dict[str, Any]) -> dict[str, Any]:
-    after, before = attrs.get("created_after"), attrs.get("created_before")
-    if after and before and after > before:
-        raise serializers.ValidationError({"created_before": ["Must not be before created_after."]})
-    return attrs
-
 
 class MemoryPatchSerializer(serializers.Serializer):
     """Some fields of an item, and always the version read last."""
@@ -204,9 +194,6 @@ class MemorySearchSerializer(serializers.Serializer):
         help_text="Leave out the hits whose relevance is below this (of the top `limit`).",
     )
 
-    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
-        return _created_range(attrs)
-
 
 RELEVANCE_HELP = (
     "0 to 1: how likely the item is about the query, from absolute evidence (the cosine of "
@@ -248,8 +235,8 @@ class MemoryContextSerializer(serializers.Serializer):
         max_value=1,
         required=False,
         help_text=f"Share of the budget for the recent turns; default {DEFAULT_RECENT_SHARE}, "
-        "or 1 - memory_share. With both given they must add up to 1. What one part leaves "
-        "unused goes to the other.",
+        "or 1 - memory_share. With both given they must add up to 1 (else 400). What one part "
+        "leaves unused goes to the other.",
     )
     memory_share = StrictFloatField(
         min_value=0,
@@ -295,6 +282,7 @@ class MemoryContextSerializer(serializers.Serializer):
     def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
         recent, memory = attrs.pop("recent_share", None), attrs.pop("memory_share", None)
         if recent is not None and memory is not None and abs(recent + memory - 1) > 1e-9:
+            # Two shares that do not add up are a mistake worth hearing about, not a guess.
             raise serializers.ValidationError(
                 {"memory_share": [f"recent_share + memory_share must be 1, not {recent + memory}."]}
             )

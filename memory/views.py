@@ -175,6 +175,7 @@ class MemoryContextView(APIView):
         responses={
             200: s.MemoryContextOutSerializer,
             404: OpenApiResponse(description="No such session (or one this key may not use)."),
+            409: OpenApiResponse(description="The session belongs to another agent."),
             410: OpenApiResponse(description="The session is closed or expired."),
             **ERRORS,
         },

@@ -42,13 +42,26 @@ class StrictFloatField(serializers.FloatField):
         return super().to_internal_value(data)
 
 
+def whole_number(data: Any) -> int | None:
+    """The integer a JSON number stands for, or None. A number with no fraction is an integer
+    (JSON Schema says so: a client may send 3.0 for 3); a string or a boolean is not."""
+    if isinstance(data, bool):
+        return None
+    if isinstance(data, int):
+        return data
+    if isinstance(data, float) and math.isfinite(data) and data.is_integer():
+        return int(data)
+    return None
+
+
 class StrictIntegerField(serializers.IntegerField):
     default_error_messages = {"invalid": "An integer is required."}
 
     def to_internal_value(self, data: Any) -> int:
-        if isinstance(data, bool) or not isinstance(data, int):
+        number = whole_number(data)
+        if number is None:
             self.fail("invalid")
-        return super().to_internal_value(data)
+        return super().to_internal_value(number)
 
 
 def surrogate_error(value: str) -> str | None:

@@ -26,9 +26,22 @@ class ApiKeyAuthenticationScheme(OpenApiAuthenticationExtension):
 # What DRF's CharField refuses beyond the schema's maxLength: a NUL character anywhere, and (unless
 # blank is allowed) text that is empty once trimmed. As `not`, which a generator checks after
 # making a string, rather than a `pattern` it must make strings from (several times slower).
-NO_NUL = {"pattern": "\\u0000"}
+# `type` inside: a bare `not: {pattern}` would also refuse a null, which a pattern ignores.
+NO_NUL = {"type": "string", "pattern": "\\u0000"}
 # Python's strip() also removes U+001C..U+001F and U+0085, which a JSON Schema \s does not match.
-NOT_BLANK = {"pattern": "^[\\s\\u001c-\\u001f\\u0085]*$|\\u0000"}
+NOT_BLANK = {"type": "string", "pattern": "^[\\s\\u001c-\\u001f\\u0085]*$|\\u0000"}
+# The parser refuses a NUL in any string of a body (core/parsers.py), free-form JSON and keys
+# included: this component is the free-form JSON the API reads, and the extra keys of an object.
+JSON_VALUE = "JsonValue"
+_JSON_REF = {"$ref": f"#/components/schemas/{JSON_VALUE}"}
+_JSON_VALUE_SCHEMA = {
+    "description": "Any JSON value with no NUL character (\\u0000) in a string or a key.",
+    "type": ["object", "array", "string", "number", "boolean", "null"],
+    "not": NO_NUL,
+    "items": _JSON_REF,
+    "additionalProperties": _JSON_REF,
+    "propertyNames": {"not": NO_NUL},
+}
 
 
 class AutoSchema(openapi.AutoSchema):
@@ -36,9 +49,10 @@ class AutoSchema(openapi.AutoSchema):
         self, field: Any, direction: Any, bypass_extensions: bool = False
     ) -> Any:
         schema = super()._map_serializer_field(field, direction, bypass_extensions)
+        types = schema.get("type")
         plain_text = (
             isinstance(field, serializers.CharField)
-            and schema.get("type") == "string"
+            and (types == "string" or (isinstance(types, list) and "string" in types))
             and not schema.keys() & {"format", "pattern", "enum", "not"}
             # A RegexValidator's pattern is added after this method, and only if none is set.
             and not any(isinstance(v, RegexValidator) for v in field.validators)
@@ -86,6 +100,134 @@ _AUTHENTICATED = [
 ]
 _WITH_BODY = [("400", "Invalid input, with errors per field.", _FIELD_ERRORS)]
 _WITH_PATH = [("404", "Not found.", _DETAIL)]
+
+
+def _is_any(schema: Any) -> bool:
+    """drf-spectacular's free-form JSON: `{}`, or `oneOf: [{}, null]` when nullable."""
+    if not isinstance(schema, dict):
+        return False
+    if not schema.keys() - {"description", "default"}:
+        return True
+    branches = schema.get("oneOf")
+    return (
+        schema.keys() <= {"oneOf", "description", "default"}
+        and isinstance(branches, list)
+        and all(_is_any(b) or b == {"type": "null"} for b in branches)
+    )
+
+
+def _one_of_tidied(schema: dict[str, Any]) -> dict[str, Any]:
+    """drf-spectacular 3.1 writes a nullable free-form field as `oneOf: [{}, null]` and may
+    repeat `{"type": "null"}`: a null then matches two branches, which oneOf forbids."""
+    if _is_any(schema):
+        return {k: schema[k] for k in ("description",) if k in schema}
+    branches: list[Any] = []
+    for branch in schema["oneOf"]:
+        if branch not in branches:
+            branches.append(branch)
+    return {**schema, "oneOf": branches}
+
+
+def _tidied(schema: Any) -> Any:
+    """Every oneOf in a schema tidied (_one_of_tidied)."""
+    if isinstance(schema, list):
+        return [_tidied(s) for s in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out = {k: _tidied(v) for k, v in schema.items()}
+    return _one_of_tidied(out) if isinstance(out.get("oneOf"), list) else out
+
+
+def _nul_free(schema: Any) -> Any:
+    """A request schema that says what the parser refuses: free-form JSON becomes JsonValue,
+    an object's keys and its extra (ignored) properties hold no NUL either."""
+    if isinstance(schema, list):
+        return [_nul_free(s) for s in schema]
+    if not isinstance(schema, dict) or "$ref" in schema:
+        return schema
+    if _is_any(schema):
+        return {**{k: schema[k] for k in ("description",) if k in schema}, **_JSON_REF}
+    out = {k: _nul_free(v) if k not in ("properties", "not") else v for k, v in schema.items()}
+    if "properties" in schema:
+        out["properties"] = {name: _nul_free(s) for name, s in schema["properties"].items()}
+    if out.get("type") == "object":
+        out.setdefault("additionalProperties", _JSON_REF)
+        out.setdefault("propertyNames", {"not": NO_NUL})
+    return out
+
+
+def _request_components(result: dict[str, Any]) -> set[str]:
+    """Names of the components a request body uses, directly or through another component."""
+    prefix = "#/components/schemas/"
+    schemas = result.get("components", {}).get("schemas", {})
+    todo = [
+        media["schema"]
+        for item in result["paths"].values()
+        for operation in item.values()
+        for media in operation.get("requestBody", {}).get("content", {}).values()
+    ]
+    names: set[str] = set()
+    while todo:
+        node = todo.pop()
+        if isinstance(node, list):
+            todo.extend(node)
+        elif isinstance(node, dict):
+            ref = node.get("$ref", "")
+            if ref.startswith(prefix) and ref[len(prefix) :] not in names:
+                names.add(ref[len(prefix) :])
+                todo.append(schemas.get(ref[len(prefix) :]))
+            todo.extend(node.values())
+    return names
+
+
+def describe_nul_free_bodies(result: dict[str, Any], **kwargs: Any) -> dict[str, Any]:
+    """drf-spectacular postprocessing hook: every request body schema says that no string or
+    key in it holds a NUL, free-form JSON and extra properties included; and every oneOf lets a
+    value match one branch only."""
+    schemas = result.setdefault("components", {}).setdefault("schemas", {})
+    for name in _request_components(result):
+        schemas[name] = _nul_free(schemas[name])
+    for item in result["paths"].values():
+        for operation in item.values():
+            for media in operation.get("requestBody", {}).get("content", {}).values():
+                media["schema"] = _nul_free(media["schema"])
+    result["paths"] = _tidied(result["paths"])
+    result["components"]["schemas"] = {**_tidied(schemas), JSON_VALUE: _JSON_VALUE_SCHEMA}
+    return result
+
+
+Link = tuple[str, str, str, dict[str, Any]]  # (operationId, status, name, OpenAPI Link Object)
+
+
+def link(
+    operation_id: str,
+    parameters: dict[str, str] | None = None,
+    request_body: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """An OpenAPI Link Object: values for the target's parameters and body, as runtime
+    expressions on the response (`$response.body#/id`)."""
+    found: dict[str, Any] = {"operationId": operation_id}
+    if parameters:
+        found["parameters"] = parameters
+    if request_body:
+        found["requestBody"] = request_body
+    return found
+
+
+def add_links(result: dict[str, Any], links: list[Link]) -> dict[str, Any]:
+    """OpenAPI links from a response to the operations that use what it answers (a stored
+    item's id to GET it): a client, or schemathesis' stateful phase, follows them."""
+    operations = {
+        operation["operationId"]: operation
+        for item in result["paths"].values()
+        for operation in item.values()
+        if isinstance(operation, dict) and "operationId" in operation
+    }
+    for source, status, name, link in links:
+        assert link["operationId"] in operations, link  # a link to no operation is a typo
+        response = operations[source]["responses"][status]
+        response.setdefault("links", {})[name] = link
+    return result
 
 
 def document_error_responses(result: dict[str, Any], **kwargs: Any) -> dict[str, Any]:

@@ -229,6 +229,8 @@ SPECTACULAR_SETTINGS = {
     "DESCRIPTION": "Working memory, long-term memory and experience replay for learning agents.",
     "VERSION": "0.1.0",
     "SERVE_INCLUDE_SCHEMA": False,
+    # 3.1 (JSON Schema 2020-12): `propertyNames` says that no key of free-form JSON holds a NUL.
+    "OAS_VERSION": "3.1.0",
     # Swagger UI and Redoc from the drf-spectacular-sidecar package: no CDN.
     "SWAGGER_UI_DIST": "SIDECAR",
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
@@ -238,6 +240,11 @@ SPECTACULAR_SETTINGS = {
     "POSTPROCESSING_HOOKS": [
         "drf_spectacular.hooks.postprocess_schema_enums",
         "ferrum_memory.core.schema.document_error_responses",
+        "ferrum_memory.core.schema.describe_nul_free_bodies",
+        "experience.schema.td_error_body_with_updates_is_a_batch",
+        "experience.schema.experience_links",
+        "memory.schema.memory_links",
+        "sessions.schema.session_links",
     ],
     # Two `status` enums in the schema (a dream cycle's, and /health's ok/error): named here,
     # or drf-spectacular warns and hashes the names.

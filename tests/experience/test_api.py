@@ -245,11 +245,12 @@ def test_td_error_update_one_and_many(api_client):
     assert b.td_error == 0.5
 
 
-def test_td_error_for_an_unknown_id_is_404(api_client):
+def test_td_error_for_an_unknown_id_is_reported_like_in_a_batch(api_client):
     response = api_client.put(
         "/experience/td-error", {"experience_id": "ghost", "td_error": 1.0}, format="json"
     )
-    assert response.status_code == 404 and response.json()["unknown_ids"] == ["ghost"]
+    assert response.status_code == 200
+    assert response.json() == {"updated": 0, "unknown_ids": ["ghost"]}
 
 
 @pytest.mark.parametrize(
@@ -472,7 +473,8 @@ def test_agent_limited_key_stays_in_its_agents(api_client):
     assert [item["id"] for item in listed] == [mine["id"]]
     assert api_client.get("/experience/stats").json()["count_by_agent"] == {"agent-a": 1}
     update = {"experience_id": theirs.experience_id, "td_error": 9.0}
-    assert api_client.put("/experience/td-error", update, format="json").status_code == 404
+    answer = api_client.put("/experience/td-error", update, format="json").json()
+    assert answer == {"updated": 0, "unknown_ids": [theirs.experience_id]}
     replay = api_client.get("/experience/replay", {"batch_size": 4}).json()
     assert {i["experience"]["agent_id"] for i in replay["items"]} == {"agent-a"}
     assert api_client.get("/experience/replay", {"agent_id": "agent-b"}).status_code == 403
@@ -507,3 +509,16 @@ def test_strict_float_rejects_non_finite_directly():
         with pytest.raises(Exception, match="finite number"):
             field.to_internal_value(bad)
     assert field.to_internal_value(2) == 2.0
+
+
+def test_a_whole_number_float_is_an_integer_and_tool_call_arguments_may_be_null(api_client):
+    # JSON Schema counts 60.0 as an integer, and the schema allows null arguments: a client
+    # generated from the schema may send either.
+    body = experience_json(ttl_seconds=60.0)
+    body["tool_calls"] = [{"name": "ls", "arguments": None}]
+    response = api_client.post("/experience/", body, format="json")
+    assert response.status_code == 201, response.json()
+    assert response.json()["tool_calls"][0]["arguments"] is None
+    halves = experience_json(ttl_seconds=60.5)
+    assert api_client.post("/experience/", halves, format="json").status_code == 400
+    assert api_client.post("/experience/", [halves], format="json").status_code == 400

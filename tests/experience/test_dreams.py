@@ -333,11 +333,11 @@ def test_a_report_must_cover_exactly_the_cycles_experiences(api_client):
     response = api_client.post(
         url, {"lease_token": body["lease_token"], "td_errors": partial}, format="json"
     )
-    assert response.status_code == 400 and response.json()["missing_ids"] == drawn[:1]
+    assert response.status_code == 409 and response.json()["missing_ids"] == drawn[:1]
     response = api_client.post(
         url, {"lease_token": body["lease_token"], "td_errors": foreign}, format="json"
     )
-    assert response.status_code == 400 and response.json()["foreign_ids"] == ["of-b"]
+    assert response.status_code == 409 and response.json()["foreign_ids"] == ["of-b"]
     for bad in ("1.0", None, True):
         response = api_client.post(
             url,

@@ -372,7 +372,7 @@ def test_a_replay_over_every_agent_is_refused_while_controls_are_set(api_client)
     assert api_client.get("/experience/replay").status_code == 200
     controls(max_times_sampled=10)
     response = api_client.get("/experience/replay")
-    assert response.status_code == 400 and "agent_id" in response.json()
+    assert response.status_code == 409 and "agent_id" in response.json()
 
 
 def test_limiter_status_after_grants():

@@ -198,7 +198,7 @@ def test_unknown_closed_and_foreign_sessions(api_client):
         {"agent_id": AGENT, "query": "q", "token_budget": 100, "session_id": foreign},
         format="json",
     )
-    assert response.status_code == 400 and "another agent" in response.json()["detail"]
+    assert response.status_code == 409 and "another agent" in response.json()["detail"]
     sid = start_session(api_client, chat("hi"))
     assert api_client.post("/session/close", {"session_id": sid}, format="json").status_code == 202
     closed = api_client.post(
@@ -275,3 +275,11 @@ def test_the_context_never_exceeds_its_budget(turns, memories, budget, recent_sh
         "turns": len(turns) - len(kept),
         "memories": len(memories) - len(chosen),
     }
+
+
+def test_two_shares_given_must_add_up_and_one_implies_the_other(api_client):
+    sid = start_session(api_client, chat(*[f"an old turn, number {i}" for i in range(30)]))
+    ask = {"query": "Caroline's painting", "session_id": sid, "token_budget": 200}
+    halves = context(api_client, **ask)
+    assert context(api_client, **ask, recent_share=0.5, memory_share=0.5) == halves
+    assert context(api_client, **ask, memory_share=0.5) == halves

@@ -22,3 +22,12 @@ LINKS: list[Link] = [
 def memory_links(result: dict[str, Any], **kwargs: Any) -> dict[str, Any]:
     """drf-spectacular postprocessing hook."""
     return add_links(result, LINKS)
+
+
+def context_one_share(result: dict[str, Any], **kwargs: Any) -> dict[str, Any]:
+    """drf-spectacular postprocessing hook: a context request gives recent_share or
+    memory_share, not both (a rule across fields a serializer cannot state)."""
+    request = result.get("components", {}).get("schemas", {}).get("MemoryContextRequest")
+    if request is not None:
+        request["not"] = {"required": ["recent_share", "memory_share"]}
+    return result

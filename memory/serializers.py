@@ -1,5 +1,7 @@
 from typing import Any
 
+from django.core.validators import RegexValidator
+from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from ferrum_memory.core.fields import (
@@ -17,6 +19,16 @@ from .models import MemoryEvent, MemoryItem
 MAX_CONTENT_CHARS = 20_000
 MAX_BATCH = 256
 MAX_TAGS = 32
+# GET /memory/'s tags: at most MAX_TAGS comma-separated tags of at most 100 characters, no NUL.
+LIST_TAGS_PATTERN = rf"^[^,\x00]{{1,100}}(,[^,\x00]{{0,100}}){{0,{MAX_TAGS - 1}}}$"
+
+
+@extend_schema_field({"type": "string", "maxLength": 256, "pattern": LIST_TAGS_PATTERN})
+class TagListField(StrictCharField):
+    """One text for a query's tags; its schema is the pattern the validator checks. A blank
+    `tags=` filters nothing (DRF returns it before the validators, the schema's other branch)."""
+
+
 MODES = ("hybrid", "dense", "sparse")
 SENSITIVITY_HELP = (
     "How sensitive the content is, from least to most: none, low, pii (personal data), "
@@ -89,20 +101,22 @@ class MemoryListQuerySerializer(serializers.Serializer):
     # One comma-separated text, not a repeated parameter: in a query a list of one tag and a
     # plain value look alike, so a list's type could never be checked.
     # (256 like an id: a query line must fit gunicorn's limit_request_line, 4094 bytes.)
-    tags = StrictCharField(
+    tags = TagListField(
         max_length=256,
         required=False,
         allow_blank=True,
-        help_text="Comma-separated tags: items with every one of them.",
+        # The same rule as the schema's pattern, so that what one admits the other does.
+        validators=[
+            RegexValidator(LIST_TAGS_PATTERN, f"At most {MAX_TAGS} tags of 100 characters.")
+        ],
+        help_text=f"Comma-separated tags (at most {MAX_TAGS}, each at most 100 characters): "
+        "items with every one of them.",
     )
     created_after = serializers.DateTimeField(required=False)
     created_before = serializers.DateTimeField(required=False)
 
     def validate_tags(self, value: str) -> list[str]:
-        tags = [tag.strip() for tag in value.split(",") if tag.strip()]
-        if len(tags) > MAX_TAGS or any(len(tag) > 100 for tag in tags):
-            raise serializers.ValidationError(f"At most {MAX_TAGS} tags of 100 characters.")
-        return tags
+        return [tag.strip() for tag in value.split(",") if tag.strip()]
 
 
 class MemoryPatchSerializer(serializers.Serializer):
@@ -235,8 +249,8 @@ class MemoryContextSerializer(serializers.Serializer):
         max_value=1,
         required=False,
         help_text=f"Share of the budget for the recent turns; default {DEFAULT_RECENT_SHARE}, "
-        "or 1 - memory_share. With both given they must add up to 1 (else 400). What one part "
-        "leaves unused goes to the other.",
+        "or 1 - memory_share; give one of the two, not both (400). What one part leaves unused "
+        "goes to the other.",
     )
     memory_share = StrictFloatField(
         min_value=0,
@@ -281,10 +295,15 @@ class MemoryContextSerializer(serializers.Serializer):
 
     def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
         recent, memory = attrs.pop("recent_share", None), attrs.pop("memory_share", None)
-        if recent is not None and memory is not None and abs(recent + memory - 1) > 1e-9:
-            # Two shares that do not add up are a mistake worth hearing about, not a guess.
+        if recent is not None and memory is not None:
+            # One share says the other (1 minus it); two could disagree, so the schema admits
+            # one (`not` both) and the answer says why rather than guessing which one was meant.
             raise serializers.ValidationError(
-                {"memory_share": [f"recent_share + memory_share must be 1, not {recent + memory}."]}
+                {
+                    "memory_share": [
+                        "Give recent_share or memory_share, not both: the other is 1 minus it."
+                    ]
+                }
             )
         if recent is None:
             recent = DEFAULT_RECENT_SHARE if memory is None else 1 - memory

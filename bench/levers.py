@@ -167,14 +167,14 @@ def bm25_matrix(ds: Dataset, config: Any) -> tuple[Any, Any]:
     postings: dict[int, tuple[list[int], list[float]]] = defaultdict(lambda: ([], []))
     for i, doc in enumerate(ds.docs):
         vector = model.embed_document(doc)
-        for index, value in zip(vector.indices, vector.values, strict=True):
-            postings[index][0].append(i)
-            postings[index][1].append(value)
+        for term_id, value in zip(vector.indices, vector.values, strict=True):
+            postings[term_id][0].append(i)
+            postings[term_id][1].append(value)
     n = len(ds.docs)
-    index = {}
-    for term, (docs, values) in postings.items():
-        idf = math.log((n - len(docs) + 0.5) / (len(docs) + 0.5) + 1.0)
-        index[term] = (np.array(docs), np.array(values) * idf)
+    index: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+    for term, (rows, values) in postings.items():
+        idf = math.log((n - len(rows) + 0.5) / (len(rows) + 0.5) + 1.0)
+        index[term] = (np.array(rows), np.array(values) * idf)
     return (index, n), model
 
 
@@ -247,7 +247,7 @@ class Bench:
         self.sent, self.owner = vectors["sentences"], vectors["owner"]
         groups = np.array(ds.doc_group)
         self.members = {g: np.flatnonzero(groups == g) for g in set(ds.doc_group)}
-        self.bm25 = {"default": bm25_matrix(ds, Bm25Config())}
+        self.bm25: dict[str, Any] = {"default": bm25_matrix(ds, Bm25Config())}
         # position of each doc's neighbours in its session (-1: none)
         self.prev = np.full(len(ds.docs), -1)
         self.next = np.full(len(ds.docs), -1)
@@ -257,15 +257,6 @@ class Bench:
                 self.prev[i], self.next[last[session]] = last[session], i
             if session:
                 last[session] = i
-
-    def bm25(self, variant: str, config: Any = None) -> tuple[Any, Any]:
-        if variant not in self.bm25_cache:
-            self.bm25_cache[variant] = bm25_matrix(self.ds, config)
-        return self.bm25_cache[variant]
-
-    @property
-    def bm25_cache(self) -> dict[str, Any]:
-        return self.bm25
 
     def best_sentence(self, query: np.ndarray, docs: np.ndarray) -> np.ndarray:
         """Each doc's best sentence cosine (its full text when it has one sentence)."""
@@ -375,7 +366,7 @@ def levers(bench: Bench) -> list[Run]:
     runs.append(bench.run("session context 0.2", session_weight=0.2))
     runs.append(bench.run("dense PRF 0.5 (top 3)", prf=0.5))
     runs.append(bench.run("names x2 in BM25 query", names_weight=2.0))
-    variants = {
+    variants: dict[str, dict[str, Any]] = {
         "BM25 avg_len 64": {"avg_len": 64.0},
         "BM25 k1 0.9 b 0.4": {"k": 0.9, "b": 0.4},
         "BM25 k1 1.5": {"k": 1.5},
@@ -384,6 +375,16 @@ def levers(bench: Bench) -> list[Run]:
         config = Bm25Config(**options)
         bench.bm25[name] = bm25_matrix(bench.ds, config)
         runs.append(bench.run(name, bm25=name))
+    runs.append(bench.run("neighbour 0.3 + sentence 0.3", neighbour=0.3, sentence=0.3))
+    runs.append(
+        bench.run(
+            "neighbour 0.3 + sentence 0.3 + k1 0.9 b 0.4",
+            neighbour=0.3,
+            sentence=0.3,
+            bm25="BM25 k1 0.9 b 0.4",
+        )
+    )
+    runs.append(bench.run("neighbour 0.3 + session 0.1", neighbour=0.3, session_weight=0.1))
     return runs
 
 

@@ -1,0 +1,432 @@
+"""Retrieval levers on LoCoMo and SciFact in one run: ``python bench/levers.py``.
+
+Measures candidate changes to the search before any is built, cheaply: every text (turns,
+abstracts, their sentences, the questions) is embedded once with the service's own Embedder
+and cached under ``var/levers/`` (delete it to embed again), BM25 vectors come from the same
+qdrant-edge Bm25 the service uses, and the rankings are evaluated in numpy, with the hybrid
+search re-enacted as the service does it (each mode's top 50 pooled, every pooled item scored
+by both, fused by the sum of z-scores; an item sharing no term scores 0 in BM25, IDF as Qdrant
+computes it). ``bench/retrieval.py`` then measures what is kept through the service itself.
+
+Each lever is one row of a table per dataset, against the baseline, with the same metrics
+bench/retrieval.py prints. A lever is kept only when it helps both datasets (or one, leaving
+the other unchanged).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import re
+import sys
+import tempfile
+import time
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+for path in (ROOT, ROOT / "bench"):
+    if str(path) not in sys.path:
+        sys.path.insert(0, str(path))
+
+from retrieval import (  # noqa: E402 - after the path set-up
+    LOCOMO_CATEGORIES,
+    SCIFACT_DIR,
+    _print_table,
+    locomo_conversations,
+    locomo_items,
+    locomo_questions,
+    setup_django,
+)
+
+CACHE = ROOT / "var" / "levers"
+PREFETCH = 50
+SENTENCE = re.compile(r"(?<=[.!?])\s+(?=[A-Z0-9\"'(\[])")
+CATEGORY_NAMES = {1: "multi-hop", 2: "temporal", 3: "open-domain", 4: "single-hop"}
+
+
+def sentences(text: str) -> list[str]:
+    parts = [part.strip() for part in SENTENCE.split(text) if part.strip()]
+    return parts or [text]
+
+
+# Data --------------------------------------------------------------------------------------
+
+
+@dataclass
+class Dataset:
+    name: str
+    docs: list[str]
+    doc_group: list[str]  # the agent each doc belongs to (LoCoMo: conversation)
+    doc_session: list[str]  # "" when none
+    doc_order: list[int]  # position within its session
+    doc_key: list[Any]  # LoCoMo: (session, turn); SciFact: doc id
+    queries: list[str]
+    query_group: list[str]
+    relevant: list[set[Any]]
+    query_category: list[int] = field(default_factory=list)
+
+
+def load_locomo() -> Dataset:
+    conversations = locomo_conversations()
+    items = locomo_items(conversations)
+    order: dict[str, int] = defaultdict(int)
+    keys, sessions, positions = [], [], []
+    for item in items:
+        agent, dia = item["metadata"]["dia_id"].split("/")
+        s, t = re.fullmatch(r"D(\d+):(\d+)", dia).groups()  # type: ignore[union-attr]
+        keys.append((int(s), int(t)))
+        session = f"{agent}/{s}"
+        sessions.append(session)
+        positions.append(order[session])
+        order[session] += 1
+    questions = locomo_questions(conversations)
+    categories = [
+        qa["category"]
+        for conv in conversations
+        for qa in conv["qa"]
+        if qa.get("category") in LOCOMO_CATEGORIES
+        and re.findall(r"D(\d+):(\d+)", " ".join(qa.get("evidence", [])))
+    ]
+    assert len(categories) == len(questions)
+    return Dataset(
+        "locomo",
+        [item["content"] for item in items],
+        [item["agent_id"] for item in items],
+        sessions,
+        positions,
+        keys,
+        [q for _, q, _ in questions],
+        [a for a, _, _ in questions],
+        [e for _, _, e in questions],
+        categories,
+    )
+
+
+def load_scifact() -> Dataset:
+    with (SCIFACT_DIR / "corpus.jsonl").open() as lines:
+        corpus = [json.loads(line) for line in lines]
+    with (SCIFACT_DIR / "queries.jsonl").open() as lines:
+        text = {q["_id"]: q["text"] for q in map(json.loads, lines)}
+    qrels: dict[str, set[str]] = defaultdict(set)
+    with (SCIFACT_DIR / "qrels" / "train.tsv").open() as lines:
+        next(lines)
+        for line in lines:
+            query_id, doc_id, score = line.split("\t")
+            if int(score) > 0:
+                qrels[query_id].add(doc_id)
+    return Dataset(
+        "scifact",
+        [f"{doc['title']} {doc['text']}".strip() for doc in corpus],
+        ["scifact"] * len(corpus),
+        [""] * len(corpus),
+        [0] * len(corpus),
+        [doc["_id"] for doc in corpus],
+        [text[q] for q in qrels],
+        ["scifact"] * len(qrels),
+        list(qrels.values()),
+    )
+
+
+def embedded(ds: Dataset) -> dict[str, np.ndarray]:
+    """Doc, query and sentence vectors, from the cache or embedded now."""
+    path = CACHE / f"{ds.name}.npz"
+    if path.exists():
+        return dict(np.load(path))
+    from memory.embeddings import get_embedder
+
+    embedder = get_embedder()
+    start = time.perf_counter()
+    docs = embedder.embed_documents(ds.docs)
+    queries = np.stack([embedder.embed_query(q) for q in ds.queries])
+    split = [sentences(doc) for doc in ds.docs]
+    owner = np.array([i for i, parts in enumerate(split) for _ in parts])
+    flat = [part for parts in split for part in parts]
+    sent = embedder.embed_documents(flat)
+    print(f"  {ds.name}: embedded in {time.perf_counter() - start:.0f} s", file=sys.stderr)
+    CACHE.mkdir(parents=True, exist_ok=True)
+    np.savez(path, docs=docs, queries=queries, sentences=sent, owner=owner)
+    return {"docs": docs, "queries": queries, "sentences": sent, "owner": owner}
+
+
+# BM25 and the service's hybrid search, in numpy ------------------------------------------
+
+
+def bm25_matrix(ds: Dataset, config: Any) -> tuple[Any, Any]:
+    """Documents' BM25 term weights as an inverted index (term -> doc indices, weights), IDF
+    applied as Qdrant's Modifier.Idf does over the whole collection, and the Bm25 model."""
+    from qdrant_edge import Bm25
+
+    model = Bm25(config)
+    postings: dict[int, tuple[list[int], list[float]]] = defaultdict(lambda: ([], []))
+    for i, doc in enumerate(ds.docs):
+        vector = model.embed_document(doc)
+        for term_id, value in zip(vector.indices, vector.values, strict=True):
+            postings[term_id][0].append(i)
+            postings[term_id][1].append(value)
+    n = len(ds.docs)
+    index: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+    for term, (rows, values) in postings.items():
+        idf = math.log((n - len(rows) + 0.5) / (len(rows) + 0.5) + 1.0)
+        index[term] = (np.array(rows), np.array(values) * idf)
+    return (index, n), model
+
+
+def bm25_scores(matrix: Any, model: Any, query: str) -> np.ndarray:
+    index, n = matrix
+    scores = np.zeros(n)
+    vector = model.embed_query(query)
+    for term, weight in zip(vector.indices, vector.values, strict=True):
+        if term in index:
+            docs, values = index[term]
+            scores[docs] += weight * values
+    return scores
+
+
+def zfuse(pool: np.ndarray, *scores: np.ndarray, weights: Sequence[float] = ()) -> np.ndarray:
+    fused = np.zeros(len(pool))
+    for i, values in enumerate(scores):
+        values = values[pool]
+        spread = values.std()
+        if spread > 0:
+            fused += (weights[i] if weights else 1.0) * (values - values.mean()) / spread
+    return fused
+
+
+@dataclass
+class Run:
+    """Per query, the documents of its agent ranked (indices into ds.docs)."""
+
+    name: str
+    ranked: list[np.ndarray]
+
+
+def evaluate(ds: Dataset, run: Run) -> dict[str, float]:
+    out: dict[str, list[float]] = defaultdict(list)
+    for q, ranked in enumerate(run.ranked):
+        relevant = ds.relevant[q]
+        keys = [ds.doc_key[i] for i in ranked[:100]]
+        hits = [key in relevant for key in keys]
+        if ds.name == "scifact":
+            out["nDCG@10"].append(_ndcg(hits, len(relevant), 10))
+            out["R@100"].append(len(relevant & set(keys)) / len(relevant))
+            continue
+        sessions = {s for s, _ in relevant}
+        figures = {
+            "turn R@10": float(any(hits[:10])),
+            "strict R@10": sum(hits[:10]) / len(relevant),
+            "session R@10": float(any(key[0] in sessions for key in keys[:10])),
+            "Hit@1": float(hits[0]),
+            "nDCG@5": _ndcg(hits, len(relevant), 5),
+        }
+        for name, value in figures.items():
+            out[name].append(value)
+            out[f"{name} c{ds.query_category[q]}"].append(value)
+    return {name: float(np.mean(values)) for name, values in out.items()}
+
+
+def _ndcg(hits: Sequence[bool], relevant: int, k: int) -> float:
+    dcg = sum(1.0 / math.log2(i + 2) for i, hit in enumerate(hits[:k]) if hit)
+    return dcg / sum(1.0 / math.log2(i + 2) for i in range(min(relevant, k)))
+
+
+class Bench:
+    """One dataset's cached vectors and BM25, and the hybrid search with levers."""
+
+    def __init__(self, ds: Dataset, vectors: dict[str, np.ndarray]) -> None:
+        from qdrant_edge import Bm25Config
+
+        self.ds = ds
+        self.docs, self.queries = vectors["docs"], vectors["queries"]
+        self.sent, self.owner = vectors["sentences"], vectors["owner"]
+        groups = np.array(ds.doc_group)
+        self.members = {g: np.flatnonzero(groups == g) for g in set(ds.doc_group)}
+        self.bm25: dict[str, Any] = {"default": bm25_matrix(ds, Bm25Config())}
+        # position of each doc's neighbours in its session (-1: none)
+        self.prev = np.full(len(ds.docs), -1)
+        self.next = np.full(len(ds.docs), -1)
+        last: dict[str, int] = {}
+        for i, session in enumerate(ds.doc_session):
+            if session and session in last:
+                self.prev[i], self.next[last[session]] = last[session], i
+            if session:
+                last[session] = i
+
+    def best_sentence(self, query: np.ndarray, docs: np.ndarray) -> np.ndarray:
+        """Each doc's best sentence cosine (its full text when it has one sentence)."""
+        scores = np.full(len(self.docs), -1.0)
+        np.maximum.at(scores, self.owner, self.sent @ query)
+        return scores[docs]
+
+    def run(
+        self,
+        name: str,
+        *,
+        mode: str = "hybrid",
+        bm25: str = "default",
+        dense_weight: float = 1.0,
+        sentence: float = 0.0,
+        neighbour: float = 0.0,
+        session_weight: float = 0.0,
+        prf: float = 0.0,
+        names_weight: float = 1.0,
+    ) -> Run:
+        matrix, model = self.bm25[bm25]
+        ranked = []
+        for q, text in enumerate(self.ds.queries):
+            docs = self.members[self.ds.query_group[q]]
+            query = self.queries[q]
+            dense = self.docs[docs] @ query
+            if sentence:
+                dense = (1 - sentence) * dense + sentence * self.best_sentence(query, docs)
+            sparse = bm25_scores(matrix, model, text)[docs]
+            if names_weight != 1.0:
+                sparse = (
+                    sparse + (names_weight - 1.0) * bm25_scores(matrix, model, _names(text))[docs]
+                )
+            if mode == "dense":
+                ranked.append(docs[np.argsort(-dense, kind="stable")])
+                continue
+            if mode == "sparse":
+                order = np.argsort(-sparse, kind="stable")
+                ranked.append(docs[order[sparse[order] > 0]])
+                continue
+            top_dense = np.argsort(-dense, kind="stable")[:PREFETCH]
+            by_sparse = np.argsort(-sparse, kind="stable")[:PREFETCH]
+            pool = np.unique(np.concatenate([top_dense, by_sparse[sparse[by_sparse] > 0]]))
+            fused = zfuse(pool, dense, sparse, weights=(dense_weight, 1.0))
+            if prf:
+                top = pool[np.argsort(-fused)[:3]]
+                moved = query + prf * self.docs[docs[top]].mean(axis=0)
+                moved /= np.linalg.norm(moved)
+                dense2 = self.docs[docs] @ moved
+                fused = zfuse(pool, dense2, sparse, weights=(dense_weight, 1.0))
+            if neighbour or session_weight:
+                fused = self._context(docs, pool, fused, neighbour, session_weight)
+            ranked.append(docs[pool[np.argsort(-fused, kind="stable")]])
+        return Run(name, ranked)
+
+    def _context(
+        self,
+        docs: np.ndarray,
+        pool: np.ndarray,
+        fused: np.ndarray,
+        neighbour: float,
+        session: float,
+    ) -> np.ndarray:
+        """A pooled item's score plus `neighbour` times its best adjacent turn's score (when in
+        the pool) and `session` times its session's best other score in the pool."""
+        score = dict(zip(docs[pool].tolist(), fused.tolist(), strict=True))
+        floor = float(fused.min())
+        out = fused.copy()
+        best: dict[str, list[float]] = defaultdict(list)
+        for doc, value in score.items():
+            best[self.ds.doc_session[doc]].append(value)
+        for i, doc in enumerate(docs[pool]):
+            if neighbour:
+                around = [
+                    score.get(int(n), floor) for n in (self.prev[doc], self.next[doc]) if n >= 0
+                ]
+                out[i] += neighbour * (max(around) - floor if around else 0.0)
+            if session and self.ds.doc_session[doc]:
+                others = sorted(best[self.ds.doc_session[doc]], reverse=True)
+                other = others[1] if others[0] == fused[i] and len(others) > 1 else others[0]
+                out[i] += session * ((other - floor) if len(others) > 1 else 0.0)
+        return out
+
+
+NAME = re.compile(r"(?<!^)(?<![.?!] )\b[A-Z][a-z]+")
+
+
+def _names(text: str) -> str:
+    """Capitalised words not opening the query: the names in it, roughly."""
+    return " ".join(NAME.findall(text))
+
+
+def levers(bench: Bench) -> list[Run]:
+    from qdrant_edge import Bm25Config
+
+    runs = [
+        bench.run("hybrid (baseline)"),
+        bench.run("dense", mode="dense"),
+        bench.run("sparse", mode="sparse"),
+    ]
+    for weight in (0.7, 1.3):
+        runs.append(bench.run(f"fusion: dense weight {weight}", dense_weight=weight))
+    for share in (0.3, 0.5):
+        runs.append(bench.run(f"sentence vectors: {share} best sentence", sentence=share))
+    for weight in (0.3, 0.5):
+        runs.append(bench.run(f"neighbour turns {weight}", neighbour=weight))
+    runs.append(bench.run("session context 0.2", session_weight=0.2))
+    runs.append(bench.run("dense PRF 0.5 (top 3)", prf=0.5))
+    runs.append(bench.run("names x2 in BM25 query", names_weight=2.0))
+    variants: dict[str, dict[str, Any]] = {
+        "BM25 avg_len 64": {"avg_len": 64.0},
+        "BM25 k1 0.9 b 0.4": {"k": 0.9, "b": 0.4},
+        "BM25 k1 1.5": {"k": 1.5},
+    }
+    for name, options in variants.items():
+        config = Bm25Config(**options)
+        bench.bm25[name] = bm25_matrix(bench.ds, config)
+        runs.append(bench.run(name, bm25=name))
+    runs.append(bench.run("neighbour 0.3 + sentence 0.3", neighbour=0.3, sentence=0.3))
+    runs.append(
+        bench.run(
+            "neighbour 0.3 + sentence 0.3 + k1 0.9 b 0.4",
+            neighbour=0.3,
+            sentence=0.3,
+            bm25="BM25 k1 0.9 b 0.4",
+        )
+    )
+    runs.append(bench.run("neighbour 0.3 + session 0.1", neighbour=0.3, session_weight=0.1))
+    return runs
+
+
+def report(bench: Bench, runs: list[Run]) -> None:
+    figures = [(run.name, evaluate(bench.ds, run)) for run in runs]
+    names = (
+        ["nDCG@10", "R@100"]
+        if bench.ds.name == "scifact"
+        else ["turn R@10", "strict R@10", "session R@10", "Hit@1", "nDCG@5"]
+        + [f"turn R@10 c{c}" for c in LOCOMO_CATEGORIES]
+    )
+    base = figures[0][1]
+    rows = [(name, *(f"{f[m]:.3f} ({f[m] - base[m]:+.3f})" for m in names)) for name, f in figures]
+    header = tuple(
+        m.replace("c1", "multi-hop")
+        .replace("c2", "temporal")
+        .replace("c3", "open")
+        .replace("c4", "single")
+        for m in names
+    )
+    print(f"\n## {bench.ds.name}: {len(bench.ds.docs):,} docs, {len(bench.ds.queries):,} queries\n")
+    _print_table(("lever", *header), rows)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--embed-only", action="store_true")
+    parser.add_argument("--datasets", default="locomo,scifact")
+    args = parser.parse_args()
+    loaders = {"locomo": load_locomo, "scifact": load_scifact}
+    with tempfile.TemporaryDirectory(prefix="ferrum-levers-") as data_dir:
+        setup_django(data_dir)
+        for name in args.datasets.split(","):
+            ds = loaders[name]()
+            vectors = embedded(ds)
+            if args.embed_only:
+                continue
+            start = time.perf_counter()
+            bench = Bench(ds, vectors)
+            report(bench, levers(bench))
+            print(f"\n({time.perf_counter() - start:.0f} s)")
+
+
+if __name__ == "__main__":
+    main()

@@ -688,7 +688,9 @@ def test_a_capped_draw_takes_a_revision_only_when_it_retires_something():
     controls(max_times_sampled=100)
     stock(AGENT, 3)
     before = revision_state(name="experience")[0]
-    draw(batch_size=4)
+    # Two draws of three items: at least one item is never drawn, so it is still sampleable
+    # under the cap of 1 below (four draws could reach all three, leaving nothing to draw).
+    draw(batch_size=2)
     assert revision_state(name="experience")[0] == before  # counted, nothing to catch up on
     controls(max_times_sampled=1)
     draw(batch_size=1)

@@ -347,8 +347,9 @@ AXES_FAILURE_LIMIT = env.int("ADMIN_LOGIN_FAILURE_LIMIT", default=5)
 AXES_COOLOFF_TIME = timedelta(minutes=env.float("ADMIN_LOGIN_COOLOFF_MINUTES", default=15))
 AXES_LOCKOUT_PARAMETERS = [["username", "ip_address"]]
 AXES_RESET_ON_SUCCESS = True
-# The CSP header on every response (django-csp; Django 5.2 has no built-in CSP). The admin and
-# the replay dashboard load scripts and styles from static files only: no inline code allowed.
+# The CSP header on every HTML page (django-csp: Django 5.2 has no built-in CSP; through
+# core/csp.py). The admin and the replay dashboard load scripts and styles from static files
+# only: no inline code allowed.
 CONTENT_SECURITY_POLICY = {
     "DIRECTIVES": {
         "default-src": ["'self'"],
@@ -370,4 +371,4 @@ X_FRAME_OPTIONS = "DENY"
 SECURE_REFERRER_POLICY = "same-origin"
 SECURE_CROSS_ORIGIN_OPENER_POLICY = "same-origin"
 # The CSP header is added on the way out; axes must be the last middleware (its documentation).
-MIDDLEWARE += ["csp.middleware.CSPMiddleware", "axes.middleware.AxesMiddleware"]
+MIDDLEWARE += ["ferrum_memory.core.csp.HtmlCSPMiddleware", "axes.middleware.AxesMiddleware"]

@@ -212,3 +212,13 @@ def test_admin_and_dashboard_answer_with_security_headers_and_a_strict_csp(admin
     html = response.content.decode()
     assert "<style" not in html
     assert not re.search(r"<script(?![^>]*\bsrc=)[^>]*>", html)
+
+
+@pytest.mark.django_db
+def test_json_answers_carry_the_headers_but_no_policy(anon_client):
+    """The policy is for documents (HtmlCSPMiddleware): the API's JSON skips building it."""
+    response = anon_client.get("/health")
+    assert response["Content-Type"] == "application/json"
+    assert "Content-Security-Policy" not in response
+    assert response["X-Content-Type-Options"] == "nosniff"
+    assert response["X-Frame-Options"] == "DENY"

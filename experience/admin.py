@@ -8,7 +8,7 @@ from django.contrib.contenttypes.models import ContentType
 from django.core.exceptions import PermissionDenied
 from django.db import transaction
 from django.db.models import QuerySet
-from django.forms import ModelForm
+from django.forms import Form, ModelForm
 from django.http import HttpRequest
 from django.template.response import TemplateResponse
 from django.urls import URLPattern, path
@@ -172,12 +172,18 @@ class ExperienceAdmin(admin.ModelAdmin):
             priority=form.cleaned_data.get("priority") if "priority" in form.changed_data else None,
         )
 
-    def construct_change_message(
-        self, request: HttpRequest, form: ModelForm, formsets: Any, add: bool = False
-    ) -> str | list[dict[str, Any]]:
+    def construct_change_message(  # type: ignore[override]
+        self,
+        request: HttpRequest,
+        form: Form,
+        formsets: Any,
+        add: bool = False,
+    ) -> str | list[dict[str, dict[str, list[str]]]]:
         """The change form and the list's editable columns log this, after save_model and in its
         transaction: the form's initial values before, the saved instance after (the service
-        may set the priority a TD error implies)."""
+        may set the priority a TD error implies). A text message, which LogEntry keeps as given
+        (the stub types only Django's structured list)."""
+        assert isinstance(form, ModelForm)
         message = curation_message(
             "Changed",
             {name: form.initial.get(name) for name in CURATED_FIELDS},
@@ -200,6 +206,8 @@ class ExperienceAdmin(admin.ModelAdmin):
         def read(rows: QuerySet[Experience]) -> dict[int, tuple[Any, ...]]:
             return {row[0]: row for row in rows.values_list(*fields)}
 
+        user_id = request.user.pk
+        assert user_id is not None  # the admin's views need a logged-in user
         with transaction.atomic():
             pks = list(queryset.values_list("pk", flat=True))
             selected = Experience.objects.filter(pk__in=pks)
@@ -216,7 +224,7 @@ class ExperienceAdmin(admin.ModelAdmin):
                 if message:
                     entries.append(
                         LogEntry(
-                            user_id=request.user.pk,
+                            user_id=user_id,
                             content_type=content_type,
                             object_id=str(pk),
                             object_repr=row[1][:200],

@@ -323,7 +323,7 @@ def test_admin_needs_a_staff_login(client, django_user_model):
     # through the admin's login form.
     client.force_login(django_user_model.objects.create_user(username="user", password="pw"))
     assert client.get(index).status_code == 302  # logged in, but not staff
-    staff = django_user_model.objects.create_user(username="staff", password="pw", is_staff=True)
+    django_user_model.objects.create_user(username="staff", password="pw", is_staff=True)
     client.logout()
     login = client.post(reverse("admin:login"), {"username": "staff", "password": "pw"})
     assert login.status_code == 302

@@ -346,6 +346,9 @@ AUTHENTICATION_BACKENDS = [
 AXES_FAILURE_LIMIT = env.int("ADMIN_LOGIN_FAILURE_LIMIT", default=5)
 AXES_COOLOFF_TIME = timedelta(minutes=env.float("ADMIN_LOGIN_COOLOFF_MINUTES", default=15))
 AXES_LOCKOUT_PARAMETERS = [["username", "ip_address"]]
+# Proxies in front that append to X-Forwarded-For (0: the address is the connection's).
+ADMIN_LOGIN_TRUSTED_PROXIES = env.int("ADMIN_LOGIN_TRUSTED_PROXIES", default=0)
+AXES_CLIENT_IP_CALLABLE = "ferrum_memory.core.client_ip.client_ip"
 AXES_RESET_ON_SUCCESS = True
 # The CSP header on every HTML page (django-csp: Django 5.2 has no built-in CSP; through
 # core/csp.py). The admin and the replay dashboard load scripts and styles from static files

@@ -16,6 +16,7 @@ from django.test import Client
 from rest_framework.exceptions import PermissionDenied
 from rest_framework.test import APIRequestFactory
 
+from ferrum_memory.core.client_ip import client_ip
 from ferrum_memory.core.exceptions import Conflict, api_exception_handler
 from ferrum_memory.core.models import ApiKey
 from ferrum_memory.core.permissions import allowed_agent_ids, ensure_agent_allowed
@@ -222,3 +223,42 @@ def test_json_answers_carry_the_headers_but_no_policy(anon_client):
     assert "Content-Security-Policy" not in response
     assert response["X-Content-Type-Options"] == "nosniff"
     assert response["X-Frame-Options"] == "DENY"
+
+
+@pytest.mark.parametrize(
+    ("proxies", "forwarded", "expected"),
+    [
+        (0, "203.0.113.9", "10.0.0.1"),  # no proxy trusted: the header is the client's word
+        (1, "203.0.113.9", "203.0.113.9"),
+        (1, "198.51.100.1, 203.0.113.9", "203.0.113.9"),  # a forged entry on the left
+        (2, "198.51.100.1, 203.0.113.9, 10.0.0.2", "203.0.113.9"),
+        (2, "203.0.113.9", "10.0.0.1"),  # fewer hops than proxies: not through them
+        (1, "", "10.0.0.1"),
+    ],
+)
+def test_the_login_limits_count_the_address_the_outermost_trusted_proxy_saw(
+    rf, settings, proxies, forwarded, expected
+):
+    settings.ADMIN_LOGIN_TRUSTED_PROXIES = proxies
+    request = rf.get("/admin/login/", REMOTE_ADDR="10.0.0.1", HTTP_X_FORWARDED_FOR=forwarded)
+    assert client_ip(request) == expected
+
+
+@pytest.mark.django_db
+def test_behind_a_proxy_each_client_is_locked_out_on_its_own(client, curator, settings):
+    settings.ADMIN_LOGIN_TRUSTED_PROXIES = 1
+    attacker = {"HTTP_X_FORWARDED_FOR": "203.0.113.9"}
+    for _ in range(settings.AXES_FAILURE_LIMIT):
+        response = client.post(LOGIN, {"username": "curator", "password": "no"}, **attacker)
+    assert_locked_out(response)
+    # A forged entry in front of the proxy's does not get the attacker out of the lockout.
+    forged = {"HTTP_X_FORWARDED_FOR": "198.51.100.1, 203.0.113.9"}
+    assert_locked_out(client.post(LOGIN, {"username": "curator", "password": "right"}, **forged))
+    # The admin, through the same proxy (same REMOTE_ADDR) from their own address, gets in.
+    admin = Client()
+    response = admin.post(
+        LOGIN,
+        {"username": "curator", "password": "right"},
+        HTTP_X_FORWARDED_FOR="192.0.2.4",
+    )
+    assert response.status_code == 302

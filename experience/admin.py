@@ -264,7 +264,9 @@ class ExperienceAdmin(admin.ModelAdmin):
     def delete_selected_experiences(
         self, request: HttpRequest, queryset: QuerySet[Experience]
     ) -> None:
-        count = experience_delete_many(queryset=queryset)
+        with transaction.atomic():  # logged as Django's own "delete selected" logs
+            self.log_deletions(request, queryset)
+            count = experience_delete_many(queryset=queryset)
         self.message_user(request, f"Deleted {count} experiences.", messages.SUCCESS)
 
 

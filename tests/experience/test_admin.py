@@ -1,6 +1,6 @@
 import pytest
 from django.conf import settings
-from django.contrib.admin.models import CHANGE, LogEntry
+from django.contrib.admin.models import CHANGE, DELETION, LogEntry
 from django.contrib.contenttypes.models import ContentType
 
 from experience.models import Experience, ExperienceTombstone
@@ -103,6 +103,8 @@ def test_actions_reset_recompute_and_delete(admin_client):
 
     index.catch_up()
     assert "Deleted 1" in act("delete_selected_experiences", [rows[0]]).content.decode()
+    deletion = LogEntry.objects.get(action_flag=DELETION)
+    assert (deletion.object_id, deletion.user.username) == (str(rows[0].pk), "admin")
     assert ExperienceTombstone.objects.filter(experience_pk=rows[0].pk).exists()
     index.catch_up()
     assert set(index.priorities()) == {rows[1].pk, rows[2].pk}

@@ -209,8 +209,9 @@ class ExperienceAdmin(admin.ModelAdmin):
         user_id = request.user.pk
         assert user_id is not None  # the admin's views need a logged-in user
         with transaction.atomic():
-            pks = list(queryset.values_list("pk", flat=True))
-            selected = Experience.objects.filter(pk__in=pks)
+            # A subquery, not a list of ids: "select all" may pick more rows than SQLite takes
+            # parameters.
+            selected = Experience.objects.filter(pk__in=queryset.values("pk"))
             before = read(selected.select_for_update())
             count = service(queryset=selected)
             content_type = ContentType.objects.get_for_model(Experience)

@@ -1,10 +1,14 @@
 import json
+from collections.abc import Callable
 from typing import Any
 
 from django.contrib import admin, messages
+from django.contrib.admin.models import CHANGE, LogEntry
+from django.contrib.contenttypes.models import ContentType
 from django.core.exceptions import PermissionDenied
+from django.db import transaction
 from django.db.models import QuerySet
-from django.forms import ModelForm
+from django.forms import Form, ModelForm
 from django.http import HttpRequest
 from django.template.response import TemplateResponse
 from django.urls import URLPattern, path
@@ -23,6 +27,20 @@ from .services import (
 )
 
 TASK_EXCERPT_CHARS = 80
+# The curated fields, with the names the admin's log gives them.
+CURATED_FIELDS = {"td_error": "TD error", "priority": "priority"}
+Curated = dict[str, float | None]  # one experience's curated fields, by name
+
+
+def curation_message(how: str, before: Curated, after: Curated) -> str:
+    """The admin log's change message: each curated field that changed, before and after
+    (exact values: the shortest text that reads back as the same float), or "" if none did."""
+    changes = [
+        f"{label} from {before[name]!r} to {after[name]!r}"
+        for name, label in CURATED_FIELDS.items()
+        if before[name] != after[name]
+    ]
+    return f"{how}: {', '.join(changes)}." if changes else ""
 
 
 class RewardSignFilter(admin.SimpleListFilter):
@@ -154,6 +172,70 @@ class ExperienceAdmin(admin.ModelAdmin):
             priority=form.cleaned_data.get("priority") if "priority" in form.changed_data else None,
         )
 
+    def construct_change_message(  # type: ignore[override]
+        self,
+        request: HttpRequest,
+        form: Form,
+        formsets: Any,
+        add: bool = False,
+    ) -> str | list[dict[str, dict[str, list[str]]]]:
+        """The change form and the list's editable columns log this, after save_model and in its
+        transaction: the form's initial values before, the saved instance after (the service
+        may set the priority a TD error implies). A text message, which LogEntry keeps as given
+        (the stub types only Django's structured list)."""
+        assert isinstance(form, ModelForm)
+        message = curation_message(
+            "Changed",
+            {name: form.initial.get(name) for name in CURATED_FIELDS},
+            {name: getattr(form.instance, name) for name in CURATED_FIELDS},
+        )
+        return message or super().construct_change_message(request, form, formsets, add)
+
+    def _curate_logged(
+        self,
+        request: HttpRequest,
+        queryset: QuerySet[Experience],
+        how: str,
+        service: Callable[..., int],
+    ) -> int:
+        """Run a bulk curation service and log each experience it changed, with the user, in one
+        transaction; the rows are locked first (PostgreSQL; SQLite's IMMEDIATE transaction holds
+        the write lock) so that "before" is what the service changed."""
+        fields = ("pk", "experience_id", *CURATED_FIELDS)
+
+        def read(rows: QuerySet[Experience]) -> dict[int, tuple[Any, ...]]:
+            return {row[0]: row for row in rows.values_list(*fields)}
+
+        user_id = request.user.pk
+        assert user_id is not None  # the admin's views need a logged-in user
+        with transaction.atomic():
+            # A subquery, not a list of ids: "select all" may pick more rows than SQLite takes
+            # parameters.
+            selected = Experience.objects.filter(pk__in=queryset.values("pk"))
+            before = read(selected.select_for_update())
+            count = service(queryset=selected)
+            content_type = ContentType.objects.get_for_model(Experience)
+            entries = []
+            for pk, row in read(selected).items():
+                message = curation_message(
+                    how,
+                    dict(zip(CURATED_FIELDS, before[pk][2:], strict=True)),
+                    dict(zip(CURATED_FIELDS, row[2:], strict=True)),
+                )
+                if message:
+                    entries.append(
+                        LogEntry(
+                            user_id=user_id,
+                            content_type=content_type,
+                            object_id=str(pk),
+                            object_repr=row[1][:200],
+                            action_flag=CHANGE,
+                            change_message=message,
+                        )
+                    )
+            LogEntry.objects.bulk_create(entries, batch_size=1000)
+        return count
+
     def delete_model(self, request: HttpRequest, obj: Experience) -> None:
         experience_delete_many(queryset=Experience.objects.filter(pk=obj.pk))
 
@@ -162,12 +244,19 @@ class ExperienceAdmin(admin.ModelAdmin):
 
     @admin.action(description="Reset priority to the agent's max")
     def reset_priority_to_max(self, request: HttpRequest, queryset: QuerySet[Experience]) -> None:
-        count = experience_reset_priority_to_max(queryset=queryset)
+        count = self._curate_logged(
+            request, queryset, "Reset priority to the agent's max", experience_reset_priority_to_max
+        )
         self.message_user(request, f"{count} experiences now have their agent's max priority.")
 
     @admin.action(description="Recompute priority from the TD error")
     def recompute_priority(self, request: HttpRequest, queryset: QuerySet[Experience]) -> None:
-        count = experience_recompute_priority(queryset=queryset)
+        count = self._curate_logged(
+            request,
+            queryset,
+            "Recomputed priority from the TD error",
+            experience_recompute_priority,
+        )
         self.message_user(
             request, f"Recomputed the priority of {count} experiences with a TD error."
         )
@@ -176,7 +265,9 @@ class ExperienceAdmin(admin.ModelAdmin):
     def delete_selected_experiences(
         self, request: HttpRequest, queryset: QuerySet[Experience]
     ) -> None:
-        count = experience_delete_many(queryset=queryset)
+        with transaction.atomic():  # logged as Django's own "delete selected" logs
+            self.log_deletions(request, queryset)
+            count = experience_delete_many(queryset=queryset)
         self.message_user(request, f"Deleted {count} experiences.", messages.SUCCESS)
 
 

@@ -1,15 +1,19 @@
-"""Headless Chromium for the dashboard test: find it, load a page, read the DOM and pixels.
+"""Headless Chromium for the dashboard test: find it, load a page, read the DOM, the console
+and the pixels.
 
 Also a URLconf for the live server: the project's URLs plus a test-only door that sets the
-session cookie of a logged-in user (Chromium's command line cannot set a cookie itself).
+session cookie of a logged-in user (Chromium's command line cannot set a cookie itself), and a
+page that breaks the content security policy, to prove that a violation would be seen.
 """
 
 import os
+import re
 import shutil
 import struct
 import subprocess
 import zlib
 from collections import Counter
+from dataclasses import dataclass
 from html.parser import HTMLParser
 from pathlib import Path
 from typing import Any
@@ -17,7 +21,7 @@ from typing import Any
 import numpy as np
 import pytest
 from django.conf import settings
-from django.http import HttpRequest, HttpResponseRedirect
+from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.urls import include, path
 
 CHROMIUM_FLAGS = [
@@ -30,8 +34,13 @@ CHROMIUM_FLAGS = [
     "--disable-component-update",
     "--disable-sync",
     "--hide-scrollbars",
+    # The page's console messages (a CSP violation is one) go to stderr.
+    "--enable-logging=stderr",
+    "--v=0",
 ]
 TIMEOUT_SECONDS = 60
+# `[...:INFO:CONSOLE:12] "message", source: url (12)`; older Chromium writes CONSOLE(12).
+CONSOLE_LINE = re.compile(r':CONSOLE[:(]?\d*\)?\] "(?P<message>.*)", source: ')
 
 
 def require_chromium() -> str:
@@ -47,8 +56,18 @@ def require_chromium() -> str:
     return found
 
 
-def chromium(binary: str, profile: Path, url: str, *extra: str) -> str:
-    """Run Chromium once on `url` with a fresh profile; return its stdout."""
+@dataclass(frozen=True)
+class Visit:
+    stdout: str  # the DOM with --dump-dom
+    console: list[str]  # the page's console messages
+
+    @property
+    def csp_violations(self) -> list[str]:
+        return [message for message in self.console if "Content Security Policy" in message]
+
+
+def chromium(binary: str, profile: Path, url: str, *extra: str) -> Visit:
+    """Run Chromium once on `url` with a fresh profile; return its stdout and console."""
     result = subprocess.run(
         [binary, *CHROMIUM_FLAGS, f"--user-data-dir={profile}", *extra, url],
         capture_output=True,
@@ -57,7 +76,8 @@ def chromium(binary: str, profile: Path, url: str, *extra: str) -> str:
         check=False,
     )
     assert result.returncode == 0, result.stderr[-2000:]
-    return result.stdout
+    console = [m["message"] for m in map(CONSOLE_LINE.search, result.stderr.splitlines()) if m]
+    return Visit(result.stdout, console)
 
 
 def login_url(live_server_url: str, session_key: str, next_path: str) -> str:
@@ -70,8 +90,20 @@ def set_session_cookie(request: HttpRequest, key: str) -> HttpResponseRedirect:
     return response
 
 
+CSP_CANARY = "/__test__/csp-canary"
+
+
+def csp_canary(request: HttpRequest) -> HttpResponse:
+    """A page with an inline style and script, which the policy must block (and report)."""
+    return HttpResponse(
+        "<!DOCTYPE html><title>canary</title><style>p { color: red }</style>"
+        "<p>canary</p><script>document.title = 'ran'</script>"
+    )
+
+
 urlpatterns = [
     path("__test__/session/<str:key>", set_session_cookie),
+    path(CSP_CANARY.lstrip("/"), csp_canary),
     path("", include("ferrum_memory.urls")),
 ]
 

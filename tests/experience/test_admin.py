@@ -1,5 +1,7 @@
 import pytest
 from django.conf import settings
+from django.contrib.admin.models import CHANGE, DELETION, LogEntry
+from django.contrib.contenttypes.models import ContentType
 
 from experience.models import Experience, ExperienceTombstone
 from experience.replay_index import get_replay_index
@@ -101,6 +103,8 @@ def test_actions_reset_recompute_and_delete(admin_client):
 
     index.catch_up()
     assert "Deleted 1" in act("delete_selected_experiences", [rows[0]]).content.decode()
+    deletion = LogEntry.objects.get(action_flag=DELETION)
+    assert (deletion.object_id, deletion.user.username) == (str(rows[0].pk), "admin")
     assert ExperienceTombstone.objects.filter(experience_pk=rows[0].pk).exists()
     index.catch_up()
     assert set(index.priorities()) == {rows[1].pk, rows[2].pk}
@@ -119,3 +123,92 @@ def test_no_add_button_and_no_plain_bulk_delete(admin_client):
     assert admin_client.get(CHANGELIST + "add/").status_code == 403
     assert 'value="delete_selected"' not in admin_client.get(CHANGELIST).content.decode()
     assert settings.REPLAY_ALPHA > 0
+
+
+# The admin's log of curation -----------------------------------------------------------------
+
+
+def curation_log(row):
+    """The admin log's change entries of one experience: (user, message), oldest first."""
+    entries = LogEntry.objects.filter(
+        content_type=ContentType.objects.get_for_model(Experience),
+        object_id=str(row.pk),
+        action_flag=CHANGE,
+    ).order_by("id")
+    return [(entry.user.username, entry.get_change_message()) for entry in entries]
+
+
+def test_a_change_form_edit_is_logged_with_the_user_and_both_values(admin_client, admin_user):
+    row = store(td_error=1.0)
+    before = row.priority
+    response = admin_client.post(
+        f"{CHANGELIST}{row.pk}/change/", {"td_error": "3.0", "priority": str(before)}
+    )
+    assert response.status_code == 302, response.content.decode()[:2000]
+    after = Experience.objects.get(pk=row.pk).priority
+    assert after == pytest.approx(priority_from_td_error(3.0)) and after != before
+    assert curation_log(row) == [
+        (
+            admin_user.username,
+            f"Changed: TD error from 1.0 to 3.0, priority from {before!r} to {after!r}.",
+        )
+    ]
+    # A priority override alone names only the priority.
+    admin_client.post(f"{CHANGELIST}{row.pk}/change/", {"td_error": "3.0", "priority": "9.5"})
+    assert curation_log(row)[-1] == (
+        admin_user.username,
+        f"Changed: priority from {after!r} to 9.5.",
+    )
+
+
+def test_list_edits_are_logged_per_row_changed(admin_client, admin_user):
+    rows = [store(td_error=1.0), store(td_error=1.0), store(td_error=1.0)]
+    old = rows[0].priority
+    changelist_edit(
+        admin_client,
+        rows,
+        **{rows[0].experience_id: {"priority": 42.0}, rows[1].experience_id: {"td_error": 0.0}},
+    )
+    new = Experience.objects.get(pk=rows[1].pk).priority
+    assert curation_log(rows[0]) == [
+        (admin_user.username, f"Changed: priority from {old!r} to 42.0.")
+    ]
+    assert curation_log(rows[1]) == [
+        (
+            admin_user.username,
+            f"Changed: TD error from 1.0 to 0.0, priority from {old!r} to {new!r}.",
+        )
+    ]
+    assert curation_log(rows[2]) == []  # not edited
+
+
+def test_bulk_actions_log_each_changed_priority_with_the_user(admin_client, admin_user):
+    rows = [store(td_error=2.0), store(td_error=0.5), store()]
+    Experience.objects.filter(pk=rows[1].pk).update(priority=7.0)  # an earlier override
+    computed = priority_from_td_error(0.5)
+    admin_client.post(
+        CHANGELIST,
+        {"action": "recompute_priority", "_selected_action": [r.pk for r in rows]},
+    )
+    assert curation_log(rows[1]) == [
+        (
+            admin_user.username,
+            f"Recomputed priority from the TD error: priority from 7.0 to {computed!r}.",
+        )
+    ]
+    # Rows whose priority the action left as it was (no TD error, or already computed) are
+    # not logged as changed.
+    assert curation_log(rows[0]) == [] and curation_log(rows[2]) == []
+
+    admin_client.post(
+        CHANGELIST, {"action": "reset_priority_to_max", "_selected_action": [rows[1].pk]}
+    )
+    top = Experience.objects.get(pk=rows[1].pk).priority
+    assert top == pytest.approx(priority_from_td_error(2.0))
+    assert curation_log(rows[1])[-1] == (
+        admin_user.username,
+        f"Reset priority to the agent's max: priority from {computed!r} to {top!r}.",
+    )
+    # The log is the admin's own: the object's history page shows it.
+    history = admin_client.get(f"{CHANGELIST}{rows[1].pk}/history/").content.decode()
+    assert f"Reset priority to the agent&#x27;s max: priority from {computed!r}" in history

@@ -179,8 +179,9 @@ def test_dashboard_needs_staff_with_view_permission(client):
 @pytest.mark.django_db(transaction=True)
 def test_dashboard_renders_its_charts_in_headless_chromium(live_server, settings, tmp_path):
     """The page as a browser shows it: the DOM Chromium built holds every chart with its
-    marks, the page fetches nothing from another host, and the screenshot has the bars'
-    and points' colours in it (so the SVG was painted, not just parsed)."""
+    marks, the page fetches nothing from another host, the content security policy refuses
+    nothing on it, and the screenshot has the bars' and points' colours in it (so the SVG was
+    painted, not just parsed, and styled by its static stylesheet)."""
     binary = browser.require_chromium()
     settings.ROOT_URLCONF = "tests.experience.browser"
     populate()
@@ -190,7 +191,9 @@ def test_dashboard_renders_its_charts_in_headless_chromium(live_server, settings
     session_key = client.cookies[settings.SESSION_COOKIE_NAME].value
     url = browser.login_url(live_server.url, session_key, DASHBOARD)
 
-    dom = browser.chromium(binary, tmp_path / "profile-dom", url, "--dump-dom")
+    visit = browser.chromium(binary, tmp_path / "profile-dom", url, "--dump-dom")
+    assert visit.csp_violations == [], visit.console
+    dom = visit.stdout
     page = browser.census(dom)
     assert set(page.marks) == CHARTS, dom[:2000]
     assert page.marks["priority-histogram"]["bar"] == 20
@@ -203,10 +206,41 @@ def test_dashboard_renders_its_charts_in_headless_chromium(live_server, settings
     assert external == []
 
     shot = tmp_path / "dashboard.png"
-    browser.chromium(
+    painted = browser.chromium(
         binary, tmp_path / "profile-shot", url, f"--screenshot={shot}", "--window-size=1280,1400"
     )
+    assert painted.csp_violations == [], painted.console
     pixels = browser.png_pixels(shot.read_bytes())
     assert pixels.shape[:2] == (1400, 1280)
     assert browser.count_colour(pixels, BAR_COLOUR) > 2_000  # the bars of three bar charts
     assert browser.count_colour(pixels, POINT_COLOUR) > 6 * 9  # six points, r=3
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_admin_runs_its_scripts_under_the_csp_without_a_violation(
+    live_server, settings, tmp_path
+):
+    """The admin's pages that run scripts (the list with its actions and editable columns, the
+    change form) load them as static files, which the policy allows: Chromium reports no
+    violation and the scripts ran. A canary page with inline code, under the same policy, shows
+    that a violation would be seen."""
+    binary = browser.require_chromium()
+    settings.ROOT_URLCONF = "tests.experience.browser"
+    canary = browser.chromium(
+        binary, tmp_path / "profile-canary", live_server.url + browser.CSP_CANARY, "--dump-dom"
+    )
+    assert len(canary.csp_violations) == 2, canary.console  # the inline style and script
+    assert "<title>canary</title>" in canary.stdout  # the inline script did not run
+
+    (row,) = stock("alpha", 1, td_error=1.0)
+    admin = User.objects.create_superuser("admin", "admin@example.com", "x")
+    client = Client()
+    client.force_login(admin)
+    session_key = client.cookies[settings.SESSION_COOKIE_NAME].value
+    pages = ["/admin/experience/experience/", f"/admin/experience/experience/{row.pk}/change/"]
+    for n, page in enumerate(pages):
+        url = browser.login_url(live_server.url, session_key, page)
+        visit = browser.chromium(binary, tmp_path / f"profile-{n}", url, "--dump-dom")
+        assert visit.csp_violations == [], (page, visit.console)
+        assert row.experience_id in visit.stdout, page
+        assert 'data-theme="auto"' in visit.stdout, page  # the admin's theme.js ran

@@ -53,7 +53,7 @@ WEB_WORKERS = 2
 # What the killer does, with its weight: the whole gunicorn group, one gunicorn worker, the
 # Celery worker.
 KINDS = {"web": 1, "web_worker": 2, "worker": 2}
-PAUSE = (0.1, 1.0)  # seconds before a kill, once the service answers clients again
+PAUSE = (0.05, 0.6)  # seconds before a kill, once the service answers clients again
 LOCOMO = ROOT.parent / "shared" / "data" / "locomo" / "locomo10.json"
 WAIT = 120  # seconds: any wait of this test is bounded by it
 
@@ -84,6 +84,7 @@ class Stack:
         self.web_log, self.worker_log = tmp_path / "web.log", tmp_path / "worker.log"
         self.web: subprocess.Popen[bytes] | None = None
         self.worker: subprocess.Popen[bytes] | None = None
+        self.worker_starts = 0
 
     def _spawn(self, command: list[str], log_path: Path) -> subprocess.Popen[bytes]:
         with log_path.open("ab") as log:
@@ -103,6 +104,10 @@ class Stack:
 
     def start_worker(self) -> None:
         self.worker = self._spawn(worker_command("crash"), self.worker_log)
+        self.worker_starts += 1
+
+    def worker_ready(self) -> bool:
+        return self.worker_log.read_text().count(" ready.") >= self.worker_starts
 
     def web_workers(self) -> list[int]:
         assert self.web is not None
@@ -114,12 +119,19 @@ class Stack:
 
     @staticmethod
     def _kill_group(process: subprocess.Popen[bytes] | None) -> None:
+        """SIGKILL the group and wait until every process of it has exited: the leader's
+        children are not ours to wait for, and a dying process holds its shard folder's lock
+        until it has let go of all its memory."""
         if process is not None:
             try:
                 os.killpg(process.pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
             process.wait(timeout=WAIT)
+            deadline = time.monotonic() + WAIT
+            while group_members(process.pid):
+                assert time.monotonic() < deadline, group_members(process.pid)
+                time.sleep(0.05)
 
     def kill(self, kind: str, rng: random.Random) -> bool:
         """SIGKILL, then restart (gunicorn restarts its own workers); False if nothing to kill."""
@@ -157,6 +169,19 @@ class Stack:
                 else:
                     os.killpg(process.pid, sig)
                     stop_process(process, timeout=30)
+
+
+def group_members(pgid: int) -> list[int]:
+    """The processes of a process group that have not exited yet (zombies have)."""
+    members = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except (FileNotFoundError, ProcessLookupError, IndexError):
+            continue
+        if int(fields[2]) == pgid and fields[0] not in ("Z", "X"):
+            members.append(int(stat.parent.name))
+    return members
 
 
 @dataclass
@@ -249,9 +274,10 @@ class Client:
 
     def experience(self) -> None:
         self.sent += 1
+        experience_id, agent = f"crash-{self.number}-{self.sent}", self.rng.choice(AGENTS)
         body = {
-            "id": f"crash-{self.number}-{self.sent}",
-            "agent_id": self.rng.choice(AGENTS),
+            "id": experience_id,
+            "agent_id": agent,
             "task": self.text("memories"),
             "reward": self.rng.uniform(-1, 1),
             "td_error": self.rng.uniform(0.01, 2),
@@ -259,7 +285,7 @@ class Client:
         answer = self.until_answered("POST", "/experience/", json=body)
         assert answer.status_code in (200, 201), answer.text
         with self.tally.lock:
-            self.tally.experiences[body["id"]] = body["agent_id"]
+            self.tally.experiences[experience_id] = agent
 
     def replay(self) -> None:
         query = {"agent_id": self.rng.choice(AGENTS), "batch_size": 4}
@@ -326,7 +352,7 @@ def crash_stack(tmp_path: Path, send_tasks_to) -> Iterator[Stack]:
     send_tasks_to(env["CELERY_BROKER_URL"])
     stack.start_worker()
     deadline = time.monotonic() + WAIT
-    while " ready." not in stack.worker_log.read_text():
+    while not stack.worker_ready():
         assert time.monotonic() < deadline, stack.logs()
         time.sleep(0.2)
     stack.start_web()
@@ -415,6 +441,8 @@ def test_sigkills_under_load_lose_no_acknowledged_write(
             wait_until(lambda: tally.answered > answered, "an answer", stack.logs)  # noqa: B023
             time.sleep(rng.uniform(*PAUSE))
             kind = rng.choices(list(KINDS), weights=list(KINDS.values()))[0]
+            if kind == "worker" and not stack.worker_ready():
+                kind = "web_worker"  # a worker killed while it starts would have run nothing
             if stack.kill(kind, rng):
                 kills[kind] += 1
                 print(f"{time.monotonic() - began:6.1f}s kill {sum(kills.values())}: {kind}")
@@ -454,6 +482,11 @@ def test_sigkills_under_load_lose_no_acknowledged_write(
     # lost, as if the stale horizon (2 minutes) and the killed runs' leases (6 minutes) had
     # passed; the worker alive now runs one task at a time, so none of its runs is cut short.
     stack.wait_for_web()
+    lost = Counter(
+        Consolidation.objects.filter(session_id__in=tally.closed)
+        .exclude(status="done")
+        .values_list("status", flat=True)
+    )
     later = timezone.now() + timedelta(hours=1)
     Consolidation.objects.filter(status="running").update(lease_until=timezone.now())
     report = session_sweep(now=later)
@@ -522,6 +555,7 @@ def test_sigkills_under_load_lose_no_acknowledged_write(
         "replay samples": tally.samples,
         "requests cut off": tally.no_answer,
         "5xx": len(tally.server_errors),
+        "closes not consolidated when the clients stopped": dict(lost),
         "sweep resent": report.resent,
         "shard folders": len(engines),
         "held while running": held,

@@ -53,7 +53,7 @@ WEB_WORKERS = 2
 # What the killer does, with its weight: the whole gunicorn group, one gunicorn worker, the
 # Celery worker.
 KINDS = {"web": 1, "web_worker": 2, "worker": 2}
-PAUSE = (0.05, 0.6)  # seconds before a kill, once the service answers clients again
+PAUSE = (0.1, 1.0)  # seconds before a kill, once the service answers clients again
 LOCOMO = ROOT.parent / "shared" / "data" / "locomo" / "locomo10.json"
 WAIT = 120  # seconds: any wait of this test is bounded by it
 

@@ -1,3 +1,6 @@
+import threading
+from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FuturesTimeout
 from typing import Any
 
 from django.apps import AppConfig
@@ -31,13 +34,49 @@ class MemoryConfig(AppConfig):
         register_check("vector_index")(check_vector_index)
 
 
+_build_lock = threading.Lock()
+_build: Future[None] | None = None  # the background (re)build under way, if any
+_builder = ThreadPoolExecutor(max_workers=1, thread_name_prefix="vector-index-build")
+
+
+def _build_index(index: Any) -> None:
+    from django.db import connections
+
+    try:
+        index.catch_up()
+    finally:
+        connections.close_all()  # this thread's: it may sit idle for long
+
+
 def check_vector_index() -> dict[str, Any]:
-    """Up when this process's index can catch up with the DB; reports its lag in revisions."""
+    """Up when this process's index can catch up with the DB; reports its lag in revisions.
+    An index with no cursor (never built here, or its shard folder found unusable) is built
+    from the DB in the background, and reported as rebuilding meanwhile."""
+    global _build
+    from django.conf import settings
+
+    from ferrum_memory.core.health import REBUILDING
     from ferrum_memory.core.revisions import revision_state
 
+    from .embeddings import get_embedder
     from .vector_index import get_vector_index
 
     index = get_vector_index()
+    if index.cursor < 0:
+        get_embedder()  # loading the model is no rebuild: it is waited for, as before
+        with _build_lock:
+            if _build is None:
+                _build = _builder.submit(_build_index, index)
+            build = _build
+        try:
+            # A longer build goes on in the background: rebuilding until it is done.
+            build.result(timeout=settings.VECTOR_INDEX_HEALTH_WAIT_SECONDS)  # raises its error
+        except FuturesTimeout:
+            return {"status": REBUILDING, "engine": type(index.engine).__name__, "cursor": -1}
+        finally:
+            with _build_lock:
+                if build.done() and _build is build:
+                    _build = None  # reported: a failed build is tried again next time
     index.catch_up()
     return {
         "engine": type(index.engine).__name__,

@@ -122,10 +122,19 @@ class EdgeEngine:
             from qdrant_edge import EdgeShard
 
             try:
+                # Read here, not on first use: an unreadable state would fail every catch-up.
+                state = json.loads((self._path / "state.json").read_text())
+                if not (isinstance(state, dict) and isinstance(state.get("cursor"), int)):
+                    raise ValueError(f"state.json holds no cursor: {state!r:.100}")
+                self._state = state
+                # A shard always has a segment: none left means its points are lost, which
+                # load would take for an empty shard.
+                if not any((self._path / "shard" / "segments").glob("*/segment.json")):
+                    raise FileNotFoundError(f"no segment in {self._path / 'shard'}")
                 self._shard = EdgeShard.load(str(self._path / "shard"))
-            except Exception:  # noqa: BLE001 - a corrupt shard is rebuilt from the DB
+            except Exception:  # noqa: BLE001 - a corrupt shard or state is rebuilt from the DB
                 logger.warning("qdrant-edge shard at %s unreadable; rebuilding", self._path)
-                self._shard = None
+                self._shard, self._state = None, None
 
     @staticmethod
     def _claim_folder(root: Path) -> tuple[Path, Any]:

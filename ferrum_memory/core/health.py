@@ -37,7 +37,14 @@ def register_stats(name: str) -> Callable[[StatsProvider], StatsProvider]:
     return decorator
 
 
-def run_checks() -> tuple[bool, dict[str, dict[str, Any]]]:
+# A check may return this status: the backend works in part (an index being rebuilt answers
+# searches only once it is done). /health then answers 200 with status "degraded".
+REBUILDING = "rebuilding"
+
+
+def run_checks() -> tuple[str, dict[str, dict[str, Any]]]:
+    """The overall status (ok, degraded: a backend rebuilding, error: one down) and each
+    backend's."""
     results: dict[str, dict[str, Any]] = {}
     for name, check in _checks.items():
         try:
@@ -45,7 +52,10 @@ def run_checks() -> tuple[bool, dict[str, dict[str, Any]]]:
         except Exception as exc:  # noqa: BLE001 - any failure of a backend is what we report
             logger.warning("health check %s failed: %s", name, exc)
             results[name] = {"status": "error", "error": f"{type(exc).__name__}: {exc}"}
-    return all(r["status"] == "ok" for r in results.values()), results
+    statuses = {result["status"] for result in results.values()}
+    if "error" in statuses:
+        return "error", results
+    return ("degraded" if REBUILDING in statuses else "ok"), results
 
 
 def collect_stats(agent_ids: list[str] | None) -> dict[str, Any]:

@@ -14,14 +14,21 @@ from .permissions import allowed_agent_ids
 BackendStatusSerializer = inline_serializer(
     "BackendStatus",
     fields={
-        "status": serializers.ChoiceField(choices=["ok", "error"]),
+        "status": serializers.ChoiceField(
+            choices=["ok", "rebuilding", "error"],
+            help_text="rebuilding: up, but rebuilding its index from the database (a vector "
+            "index found unusable, or never built); searches wait until it is done.",
+        ),
         "error": serializers.CharField(required=False),
     },
 )
 HealthSerializer = inline_serializer(
     "Health",
     fields={
-        "status": serializers.ChoiceField(choices=["ok", "error"]),
+        "status": serializers.ChoiceField(
+            choices=["ok", "degraded", "error"],
+            help_text="degraded: no backend is down, one is rebuilding (200).",
+        ),
         "failed": serializers.ListField(child=serializers.CharField()),
         "backends": serializers.DictField(child=BackendStatusSerializer),
     },
@@ -29,7 +36,8 @@ HealthSerializer = inline_serializer(
 
 
 class HealthView(APIView):
-    """Each backend's status: 200 when all are up, 503 naming the ones that are down."""
+    """Each backend's status: 200 when all are up (status degraded while one is rebuilding),
+    503 naming the ones that are down."""
 
     authentication_classes = []
     permission_classes = [AllowAny]
@@ -37,11 +45,11 @@ class HealthView(APIView):
 
     @extend_schema(responses={200: HealthSerializer, 503: HealthSerializer}, auth=[])
     def get(self, request: Request) -> Response:
-        healthy, backends = run_checks()
-        failed = [name for name, result in backends.items() if result["status"] != "ok"]
+        overall, backends = run_checks()
+        failed = [name for name, result in backends.items() if result["status"] == "error"]
         return Response(
-            {"status": "ok" if healthy else "error", "failed": failed, "backends": backends},
-            status=status.HTTP_200_OK if healthy else status.HTTP_503_SERVICE_UNAVAILABLE,
+            {"status": overall, "failed": failed, "backends": backends},
+            status=status.HTTP_503_SERVICE_UNAVAILABLE if failed else status.HTTP_200_OK,
         )
 
 

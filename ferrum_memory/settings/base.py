@@ -187,6 +187,9 @@ CELERY_WORKER_HIJACK_ROOT_LOGGER = False
 # ------------------------------------------------------------------------------
 QDRANT_URL = env.str("QDRANT_URL", default="")
 QDRANT_COLLECTION = env.str("QDRANT_COLLECTION", default="ferrum_memory")
+# How long /health waits for a process's vector index to be (re)built; past it the build goes on
+# in the background and /health answers "degraded", the index "rebuilding".
+VECTOR_INDEX_HEALTH_WAIT_SECONDS = env.float("VECTOR_INDEX_HEALTH_WAIT_SECONDS", default=5.0)
 FASTEMBED_MODEL = env.str("FASTEMBED_MODEL", default="sentence-transformers/all-MiniLM-L6-v2")
 # A local folder with the model's files; empty: the default model from its PyPI packages, or
 # fastembed's cache for another model (nothing is downloaded at run time).

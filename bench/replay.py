@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import concurrent.futures
 import contextlib
-import http.client
 import importlib.metadata
 import json
 import os
@@ -36,10 +35,14 @@ from typing import Any
 
 import numpy as np
 
-# Run as a plain script from anywhere: make the project importable.
+# Run as a plain script from anywhere: make the project importable. This file's folder is
+# dropped from the path (Python puts it first), so bench/http.py cannot shadow the stdlib's http.
 ROOT = Path(__file__).resolve().parents[1]
+sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != ROOT / "bench"]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
+
+import http.client  # noqa: E402 - after bench/ left the path
 
 ALPHA, BETA, EPS = 0.6, 0.4, 1e-6  # DESIGN.md defaults
 

@@ -48,8 +48,17 @@ def _check_batch_size(batch_size: int) -> None:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
 
 
-def _pow2_at_least(n: int) -> int:
-    return 1 << max(0, int(n) - 1).bit_length()
+def _capacity_for(count: int) -> int:
+    """The smallest capacity of at least ``count`` slots that the levels divide evenly: a
+    multiple of FAN ** k, where k levels of FAN take it to at most FLAT_SEARCH nodes under the
+    root. Not a power of two, which left up to half of every per-slot array unused."""
+    step = 1
+    while count > FLAT_SEARCH * step:
+        step *= FAN
+    return max(1, -(-count // step) * step)
+
+
+GROWTH = 1.25  # a full index grows by this factor: amortized O(1) per insert, little unused
 
 
 def _last_wins(keys: Int64Array) -> Int64Array | None:
@@ -62,7 +71,7 @@ def _last_wins(keys: Int64Array) -> Int64Array | None:
     return keys.shape[0] - 1 - first_in_reversed
 
 
-FAN = 16  # children per internal node: 5 levels over 10^6 leaves instead of 20
+FAN = 16  # children per node below the root (a power of two): 3 levels over 10^6, not 20
 FLAT_SEARCH = 4096  # the root's children: at most this many, searched in one binary search
 
 
@@ -98,6 +107,9 @@ class _SlotMap:
 
     def get(self, keys: Int64Array) -> Int64Array:
         """Slots of ``keys``, -1 for a key not mapped."""
+        offsets = keys - self._base
+        if keys.shape[0] and offsets.min() >= 0 and offsets.max() < self._table.shape[0]:
+            return self._table[offsets].astype(np.int64)  # all in the window: one gather
         slots = np.full(keys.shape[0], -1, dtype=np.int64)
         inside = self._inside(keys)
         slots[inside] = self._table[keys[inside] - self._base]
@@ -164,8 +176,8 @@ class _SlotMap:
 class PriorityIndex:
     """Sum tree (with max and min) over non-negative priorities, keyed by int64 keys.
 
-    Slot ``s`` holds one key's priority in ``_leaves[s]``; ``capacity`` (a power of two) is
-    the number of slots. Each internal node sums ``FAN`` children (fewer at the top when the
+    Slot ``s`` holds one key's priority in ``_leaves[s]``; ``capacity`` is the number of slots
+    (see _capacity_for). Each internal node sums ``FAN`` children (fewer at the top when the
     capacity is small) and keeps their max and their smallest positive value (inf: none), in
     three trees of the same shape: ``_trees[q][d]`` holds quantity ``q`` (sum, max, min) of
     level ``d``, level 0 just above the leaves and the last level the root. Node ``p`` of a
@@ -185,7 +197,7 @@ class PriorityIndex:
         self._slot_of = _SlotMap()
         self._free: list[int] = []  # freed slots, reused before fresh ones
         self._next = 0  # slots [0, _next) have been handed out at least once
-        self._allocate(_pow2_at_least(capacity))
+        self._allocate(_capacity_for(capacity))
 
     def _allocate(self, capacity: int) -> None:
         self._cap = capacity
@@ -242,7 +254,7 @@ class PriorityIndex:
     def _grow(self, needed_slots: int) -> None:
         old_cap, old_leaves = self._cap, self._leaves
         old_keys, old_live, old_payload = self._keys, self._live, self._payload
-        self._allocate(_pow2_at_least(needed_slots))  # at least doubles: amortized O(1)
+        self._allocate(_capacity_for(max(needed_slots, int(self._cap * GROWTH))))
         self._leaves[:old_cap] = old_leaves
         self._keys[:old_cap] = old_keys
         self._live[:old_cap] = old_live
@@ -262,7 +274,7 @@ class PriorityIndex:
                 for top in range(depth, len(self._fans)):
                     self._recompute_level(top)
                 return
-            nodes = nodes >> (fan.bit_length() - 1)  # fans are powers of two
+            nodes = nodes >> (fan.bit_length() - 1)  # a level below the root: fan is FAN, 16
             leaves = self._children_of(0, 0, nodes) if depth == 0 else None
             for quantity, (tree, combine) in enumerate(zip(self._trees, COMBINE, strict=True)):
                 if leaves is None:
@@ -336,7 +348,7 @@ class PriorityIndex:
             k, p = k[last], p[last]
             columns = {name: column[last] for name, column in columns.items()}
         n = k.shape[0]
-        self._allocate(_pow2_at_least(max(n, self._cap)))
+        self._allocate(_capacity_for(max(n, self._cap)))
         self._leaves[:n] = p
         self._keys[:n] = k
         self._live[:n] = True
@@ -355,7 +367,7 @@ class PriorityIndex:
 
     @property
     def capacity(self) -> int:
-        """Current number of leaves (grows by doubling)."""
+        """Current number of slots (grows by GROWTH when full)."""
         return self._cap
 
     def _root(self, quantity: int) -> float:

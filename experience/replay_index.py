@@ -21,7 +21,14 @@ from ferrum_memory.core.revisions import revision_changes
 from ferrum_memory.core.telemetry import index_catch_up
 
 from .models import REVISION, Experience, ExperienceTombstone
-from .sumtree import Float64Array, Int64Array, PriorityIndex, importance_weights, sample_weights
+from .sumtree import (
+    Float64Array,
+    Int64Array,
+    PriorityIndex,
+    SlotMap,
+    importance_weights,
+    sample_weights,
+)
 
 ALL_AGENTS = ""  # the buffer key of the tree over every agent
 PAYLOAD = ("created", "expires")
@@ -89,8 +96,14 @@ def _columns(
 class ReplayIndex:
     def __init__(self) -> None:
         self._lock = threading.Lock()
+        self._forget()
+
+    def _forget(self) -> None:
         self._buffers: dict[str, PriorityIndex] = {}
         self._next_expiry: dict[str, float] = {}
+        # The agents' trees share one key -> slot table (a key is one agent's for good): one
+        # table over the key range, not one per agent (at 10 agents, 60 bytes a row).
+        self._agent_slots = SlotMap()
         self.cursor = -1  # -1: never built
 
     # Keeping up with the DB ----------------------------------------------------------------
@@ -104,9 +117,7 @@ class ReplayIndex:
         """Forget everything: the next request rebuilds from the DB (after a failed write that
         this index had already applied)."""
         with self._lock:
-            self._buffers = {}
-            self._next_expiry = {}
-            self.cursor = -1
+            self._forget()
 
     @index_catch_up(REVISION)
     def _catch_up(self) -> None:
@@ -119,8 +130,7 @@ class ReplayIndex:
         if changes is None:
             return
         if changes.rebuild:
-            self._buffers = {}
-            self._next_expiry = {}
+            self._forget()
             live = changes.changed.filter(retired_at__isnull=True).values_list(*ROW_FIELDS)
             self._build(live.iterator(chunk_size=BUILD_CHUNK))  # a server-side cursor
         else:
@@ -172,7 +182,10 @@ class ReplayIndex:
         for code, agent in enumerate(agents):
             groups[agent] = np.flatnonzero(codes == code)
         for name, at in groups.items():
-            buffer = self._buffers.setdefault(name, PriorityIndex(payload=PAYLOAD))
+            buffer = self._buffers.get(name)
+            if buffer is None:
+                shared = None if name == ALL_AGENTS else self._agent_slots
+                buffer = self._buffers[name] = PriorityIndex(payload=PAYLOAD, slot_map=shared)
             load = buffer.build if rebuild else buffer.upsert
             load(pks[at], priorities[at], created=created[at], expires=expires[at])
             soonest = float(expires[at].min())

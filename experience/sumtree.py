@@ -80,10 +80,11 @@ FLAT_SEARCH = 4096  # the root's children: at most this many, searched in one bi
 COMBINE = (np.add, np.maximum, np.minimum)
 
 
-class _SlotMap:
+class SlotMap:
     """int64 key -> slot. Keys are database primary keys, dense and growing, so they live in a
     direct-address table over a window of keys (a gather per lookup: a dict took 0.5 us a key
-    at 10^6 and ~100 bytes each); keys the window cannot cover densely go to a dict."""
+    at 10^6 and ~100 bytes each); keys the window cannot cover densely go to a dict. Several
+    PriorityIndex may share one when their keys are disjoint (each key in one index only)."""
 
     DENSITY = 16  # the window may span up to this many keys per mapped key (4 bytes a key)
 
@@ -192,9 +193,18 @@ class PriorityIndex:
     expiry times there), given to ``upsert``/``build`` and read back by ``payload(name)``.
     """
 
-    def __init__(self, capacity: int = 1024, *, payload: Sequence[str] = ()) -> None:
+    def __init__(
+        self,
+        capacity: int = 1024,
+        *,
+        payload: Sequence[str] = (),
+        slot_map: SlotMap | None = None,
+    ) -> None:
         self._payload_names = tuple(payload)
-        self._slot_of = _SlotMap()
+        # Indexes over disjoint sets of keys may share one slot map (the replay index's
+        # per-agent trees): one table over the key range instead of one per index.
+        self._slot_of = SlotMap() if slot_map is None else slot_map
+        self._size = 0
         self._free: list[int] = []  # freed slots, reused before fresh ones
         self._next = 0  # slots [0, _next) have been handed out at least once
         self._allocate(_capacity_for(capacity))
@@ -313,6 +323,7 @@ class PriorityIndex:
             self._keys[slots[new]] = k[new]
             self._live[slots[new]] = True
             self._slot_of.add(k[new], slots[new])
+            self._size += new.size
         for name, column in columns.items():
             self._payload[name][slots] = column
         self._set_leaves(slots, p)
@@ -334,6 +345,7 @@ class PriorityIndex:
         slots = self._slot_of.remove(np.unique(_as_keys(keys)))
         if not slots.size:
             return
+        self._size -= slots.size
         self._live[slots] = False
         self._set_leaves(slots, np.zeros(slots.shape[0]))
         self._free.extend(slots.tolist())
@@ -348,6 +360,7 @@ class PriorityIndex:
             k, p = k[last], p[last]
             columns = {name: column[last] for name, column in columns.items()}
         n = k.shape[0]
+        old_keys = self.keys_array()
         self._allocate(_capacity_for(max(n, self._cap)))
         self._leaves[:n] = p
         self._keys[:n] = k
@@ -355,15 +368,28 @@ class PriorityIndex:
         for name, column in columns.items():
             self._payload[name][:n] = column
         self._rebuild_internal()
-        self._slot_of.build(k)
+        self._slot_of.remove(old_keys)  # this index's keys only: the map may be shared
+        self._slot_of.add(k, np.arange(n, dtype=np.int64))
+        self._size = n
         self._free = []
         self._next = n
 
     def __len__(self) -> int:
-        return len(self._slot_of)
+        return self._size
 
     def __contains__(self, key: object) -> bool:
-        return key in self._slot_of
+        if key not in self._slot_of:
+            return False
+        return bool(self._owned(np.array([key], dtype=np.int64))[0] >= 0)
+
+    def _owned(self, keys: Int64Array) -> Int64Array:
+        """Slots of ``keys`` in this index, -1 for a key it does not hold (a shared slot map
+        also maps other indexes' keys)."""
+        slots = self._slot_of.get(keys)
+        mine = (slots >= 0) & (slots < self._cap)
+        at = slots[mine]
+        mine[mine] = self._live[at] & (self._keys[at] == keys[mine])
+        return np.where(mine, slots, -1)
 
     @property
     def capacity(self) -> int:
@@ -402,7 +428,7 @@ class PriorityIndex:
     def priorities(self, keys: KeysLike) -> Float64Array:
         """Stored priorities of ``keys``; raises KeyError for an unknown key."""
         k = _as_keys(keys)
-        slots = self._slot_of.get(k)
+        slots = self._owned(k)
         if np.any(slots < 0):
             raise KeyError(int(k[np.argmax(slots < 0)]))
         return self._leaves[slots]
@@ -424,7 +450,7 @@ class PriorityIndex:
         return np.flatnonzero(self._live[: self._next])
 
     def _check_sampleable(self) -> float:
-        if not len(self._slot_of):
+        if not self._size:
             raise ValueError("cannot sample from an empty replay index")
         total = self.total()
         if not total > 0:

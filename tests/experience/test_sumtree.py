@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from experience.sumtree import PriorityIndex, importance_weights, sample_weights
+from experience.sumtree import PriorityIndex, SlotMap, importance_weights, sample_weights
 from tests.stats import P_VALUE_FLOOR, chi2_sf, chi_square_p, normalised
 
 
@@ -411,3 +411,34 @@ def test_a_far_key_joins_the_slot_table_once_the_live_keys_reach_it() -> None:
     index.upsert(np.arange(10**6 - 50, 10**6), np.full(50, 2.0))  # the live keys move there
     assert not index._slot_of._extra
     check_against_model(index, {**dict.fromkeys(range(10**6 - 50, 10**6), 2.0), 10**6: 5.0})
+
+
+def test_indexes_of_disjoint_keys_can_share_one_slot_map() -> None:
+    # The replay index's per-agent trees: keys interleaved (one key, one agent), one map.
+    rng = np.random.default_rng(14)
+    shared = SlotMap()
+    indexes = [PriorityIndex(capacity=4, slot_map=shared) for _ in range(3)]
+    models: list[dict[int, float]] = [{}, {}, {}]
+    for step in range(200):
+        owner = int(rng.integers(0, 3))
+        keys = rng.integers(0, 600, size=int(rng.integers(1, 30)))
+        keys = keys[keys % 3 == owner]  # each key belongs to one index for good
+        if step % 40 == 39:
+            prios = rng.exponential(1.0, keys.size)
+            indexes[owner].build(keys, prios)
+            models[owner] = dict(zip(keys.tolist(), prios.tolist(), strict=True))
+        elif rng.random() < 0.7:
+            prios = rng.exponential(1.0, keys.size)
+            indexes[owner].upsert(keys, prios)
+            models[owner].update(zip(keys.tolist(), prios.tolist(), strict=True))
+        else:
+            indexes[owner].remove(keys)
+            for key in keys.tolist():
+                models[owner].pop(key, None)
+        for index, model in zip(indexes, models, strict=True):
+            check_against_model(index, model)
+    assert len(shared) == sum(len(model) for model in models)
+    key = next(iter(models[0]))
+    assert key in indexes[0] and key not in indexes[1] and key not in indexes[2]
+    with pytest.raises(KeyError):
+        indexes[1].priorities([key])

@@ -153,13 +153,17 @@ class ReplayIndex:
 
     def _build(self, rows: Iterable[tuple]) -> None:
         """Build every tree from rows streamed in chunks: at 10^7 rows a list of row tuples took
-        several GB; as numpy columns they take 32 bytes a row."""
+        several GB; as numpy columns they take 36 bytes a row."""
         agents: dict[str, int] = {}
-        chunks = [_columns(chunk, agents) for chunk in _batched(rows, BUILD_CHUNK)]
-        if chunks:
-            columns = [np.concatenate(column) for column in zip(*chunks, strict=True)]
-            del chunks
-            self._load(*columns, agents=list(agents), rebuild=True)
+        chunks = [list(_columns(chunk, agents)) for chunk in _batched(rows, BUILD_CHUNK)]
+        if not chunks:
+            return
+        columns = []
+        for i in range(len(chunks[0])):
+            columns.append(np.concatenate([chunk[i] for chunk in chunks]))
+            for chunk in chunks:
+                chunk[i] = None  # one column's chunks at a time beside its whole: a smaller peak
+        self._load(*columns, agents=list(agents), rebuild=True)
 
     def _upsert(self, rows: list[tuple], *, rebuild: bool) -> None:
         agents: dict[str, int] = {}

@@ -651,6 +651,70 @@ def part_inprocess(args: argparse.Namespace) -> None:
     print(json.dumps(figures))
 
 
+def _rss_mb() -> float:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def part_scale(args: argparse.Namespace) -> None:
+    """Print the replay index's memory at --rows experiences of 10 agents (Linux /proc).
+
+    The trees are built in this process from numpy columns, as ReplayIndex builds them from
+    the rows it streams (no database: this is the trees' own memory and build time). The peak
+    includes the input columns (36 bytes a row), which a build from PostgreSQL holds too."""
+    import resource
+
+    import django
+
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "ferrum_memory.settings.base")
+    os.environ.setdefault("FERRUM_DATA_DIR", tempfile.mkdtemp(prefix="ferrum-bench-scale-"))
+    os.environ.setdefault("DJANGO_SECRET_KEY", "bench")
+    django.setup()
+    from experience.replay_index import ALL_AGENTS, ReplayIndex
+
+    n, rng = args.rows, np.random.default_rng(args.seed)
+    base = _rss_mb()
+    created = time.time() - np.sort(rng.uniform(0.0, 3600.0, n))[::-1]
+    columns = (
+        np.arange(1, n + 1, dtype=np.int64),  # primary keys
+        rng.integers(0, len(AGENTS), n).astype(np.int32),  # agent codes
+        (rng.exponential(1.0, n) + EPS) ** ALPHA,
+        created,
+        np.full(n, np.inf),  # never expire
+    )
+    index = ReplayIndex()
+    start = time.perf_counter()
+    index._load(*columns, agents=AGENTS, rebuild=True)
+    built = time.perf_counter() - start
+    del columns, created
+    held = _rss_mb() - base
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024 - base
+    tree = index._buffers[ALL_AGENTS]
+    keys, _ = tree.items()
+    sample = median_ms(lambda _: tree.sample(args.batch, rng), 50)
+    picks = rng.integers(0, n, size=(60, args.batch))
+    times = {"created": np.full(args.batch, time.time()), "expires": np.full(args.batch, np.inf)}
+    update = median_ms(lambda i: tree.upsert(keys[picks[i]], rng.random(args.batch), **times), 50)
+    print(f"\n## scale: the replay index at {n:,} rows of {len(AGENTS)} agents, load {_load()}\n")
+    _print_table(
+        ("measurement", "figure"),
+        [
+            ("trees built (all agents + one per agent)", f"{built:.1f} s"),
+            ("resident memory they hold", f"{held:,.0f} MB ({held * 2**20 / n:.0f} bytes a row)"),
+            ("peak during the build (with the input columns)", f"{peak:,.0f} MB"),
+            ("process resident memory", f"{_rss_mb():,.0f} MB"),
+            (f"sample {args.batch} (all agents), median", f"{sample:.3f} ms"),
+            (f"update {args.batch} priorities (all agents), median", f"{update:.3f} ms"),
+        ],
+    )
+
+
+def _load() -> str:
+    return " ".join(f"{x:.2f}" for x in os.getloadavg())
+
+
 def _in_process_figures(env: dict[str, str], key: str, args: argparse.Namespace) -> dict[str, Any]:
     command = [sys.executable, __file__, "--part", "inprocess", "--batch", str(args.batch)]
     command += ["--repeats", str(args.repeats)]
@@ -790,6 +854,7 @@ PARTS: dict[str, Callable[[argparse.Namespace], None]] = {
     "tree": part_tree,
     "http": part_http,
     "inprocess": part_inprocess,  # run by part_http in a child process
+    "scale": part_scale,
 }
 
 
@@ -801,7 +866,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--repeats", type=int, default=200)
     parser.add_argument("--seed", type=int, default=0)
     http_args = parser.add_argument_group("http part")
-    http_args.add_argument("--rows", type=int, default=10**6, help="experiences to load")
+    http_args.add_argument(
+        "--rows", type=int, default=10**6, help="experiences to load (http) or index (scale)"
+    )
     http_args.add_argument(
         "--reuse", action="store_true", help="keep ferrum_bench if it holds --rows loaded rows"
     )

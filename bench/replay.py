@@ -651,8 +651,9 @@ def part_inprocess(args: argparse.Namespace) -> None:
     print(json.dumps(figures))
 
 
-def _rss_mb() -> float:
-    for line in Path("/proc/self/status").read_text().splitlines():
+def _rss_mb(pid: int | str = "self") -> float:
+    """Resident memory of a process in MB (Linux /proc)."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         if line.startswith("VmRSS:"):
             return int(line.split()[1]) / 1024
     return float("nan")
@@ -775,6 +776,9 @@ def part_http(args: argparse.Namespace) -> None:
                 rows.append(
                     (f"replay {label}", figure, target, verdict(p50 <= TARGET_REPLAY_P50_MS))
                 )
+            workers = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+            resident = ", ".join(f"{_rss_mb(worker):,.0f} MB" for worker in workers)
+            rows.append(("web worker resident memory, replay index built", resident, "", ""))
             # The replay controls on ONE_AGENT: the rate limiter at a ratio it never reaches (so
             # every request pays for its grant, one conditional UPDATE, and none is refused),
             # then the sampling cap at a count never reached (each request counts its draws in

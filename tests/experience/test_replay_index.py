@@ -130,6 +130,7 @@ def test_a_build_streamed_in_chunks_holds_every_agent_and_expiry(monkeypatch):
     assert index.priorities() == db_priorities()
     for agent in ("agent-0", "agent-1", "agent-2"):
         assert index.priorities(agent) == db_priorities(agent)
-    expiry = Experience.objects.get(expires_at__isnull=False).expires_at.timestamp()
-    assert index._next_expiry["agent-1"] == pytest.approx(expiry)
+    expiry = Experience.objects.get(expires_at__isnull=False).expires_at
+    assert expiry is not None
+    assert index._next_expiry["agent-1"] == pytest.approx(expiry.timestamp())
     assert index._next_expiry["agent-0"] == index._next_expiry["agent-2"] == float("inf")

@@ -168,20 +168,15 @@ class SlotMap:
         self._count -= keys.shape[0]
         return slots
 
-    def build(self, keys: Int64Array) -> None:
-        """Map distinct ``keys`` to slots 0, 1, ..."""
-        self.__init__()  # type: ignore[misc]
-        self.add(keys, np.arange(keys.shape[0], dtype=np.int64))
-
 
 class PriorityIndex:
     """Sum tree (with max and min) over non-negative priorities, keyed by int64 keys.
 
     Slot ``s`` holds one key's priority in ``_leaves[s]``; ``capacity`` is the number of slots
     (see _capacity_for). Each internal node sums ``FAN`` children (fewer at the top when the
-    capacity is small) and keeps their max and their smallest positive value (inf: none), in
-    three trees of the same shape: ``_trees[q][d]`` holds quantity ``q`` (sum, max, min) of
-    level ``d``, level 0 just above the leaves and the last level the root. Node ``p`` of a
+    capacity is small) and keeps their max and their smallest positive value (inf: none):
+    ``_levels[d]`` is a (3, width) array, its rows the sums, maxima and minima of level ``d``,
+    level 0 just above the leaves and the last level the root. Node ``p`` of a
     level has children ``p * fan .. p * fan + fan - 1`` on the level below (the root has up to
     FLAT_SEARCH: a sample finds its child by one binary search). Internal nodes are
     always recomputed from their children, never adjusted by a delta, so the tree cannot
@@ -223,38 +218,56 @@ class PriorityIndex:
             width //= fan
             self._fans.append(fan)
             widths.append(width)
-        self._trees = tuple(
-            [np.full(w, np.inf if combine is np.minimum else 0.0) for w in widths]
-            for combine in COMBINE
-        )
-        # Each node's run of children as one item, so one take gathers every node's children.
-        self._runs = tuple(
-            [
-                below.view(np.dtype((np.void, 8 * fan)))
-                for below, fan in zip([self._leaves, *tree[:-1]], self._fans, strict=True)
-            ]
-            for tree in self._trees
-        )
+        # Level d is one (3, width) array: rows sum, max and min, so one take, one copy and one
+        # put serve all three.
+        self._levels = [np.zeros((3, w)) for w in widths]
+        for level in self._levels:
+            level[2] = np.inf
+        # Each node's run of children as one item, so one take gathers every node's children:
+        # of all three rows, and of the sums alone (what a sample reads).
+        self._runs = [
+            below.view(np.dtype((np.void, 8 * fan)))
+            for below, fan in zip([self._leaves, *self._levels[:-1]], self._fans, strict=True)
+        ]
+        self._sum_runs = [self._runs[0]] + [
+            level[0].view(np.dtype((np.void, 8 * fan)))
+            for level, fan in zip(self._levels[:-1], self._fans[1:], strict=True)
+        ]
         self._keys = np.zeros(capacity, dtype=np.int64)
         self._live = np.zeros(capacity, dtype=bool)
         self._payload = {name: np.zeros(capacity) for name in self._payload_names}
 
-    def _children_of(self, quantity: int, depth: int, nodes: Int64Array) -> Float64Array:
-        """Quantity ``quantity`` of the children of ``nodes`` of level ``depth`` (the leaves
-        for level 0), child-major (fan, n): one take of whole runs, then a transposing copy
-        (reducing the first axis is elementwise work, several times faster than the last)."""
-        block = self._runs[quantity][depth].take(nodes).view(np.float64)
-        return block.reshape(nodes.shape[0], self._fans[depth]).T.copy()
+    def _children_of(self, depth: int, nodes: Int64Array, *, sums: bool = False) -> Float64Array:
+        """The children of ``nodes`` of level ``depth``, child-major: (fan, n) leaves or sums
+        (``sums``), else (3, fan, n) rows. One take of whole runs, then a transposing copy:
+        reducing the first axis is elementwise work, several times faster than the last."""
+        fan, n = self._fans[depth], nodes.shape[0]
+        if depth == 0 or sums:
+            block = self._sum_runs[depth].take(nodes).view(np.float64)
+            return block.reshape(n, fan).T.copy()
+        block = self._runs[depth].take(nodes, axis=1).view(np.float64)
+        return block.reshape(3, n, fan).transpose(0, 2, 1).copy()
+
+    def _combine(self, children: Float64Array, out: Float64Array) -> None:
+        """Sum, max and smallest positive of (fan, n) leaves or (3, fan, n) rows into the rows
+        of ``out`` (3, n). The same reductions serve whole levels and single nodes."""
+        if children.ndim == 2:
+            np.add.reduce(children, axis=0, out=out[0])
+            np.maximum.reduce(children, axis=0, out=out[1])
+            np.minimum.reduce(np.where(children > 0, children, np.inf), axis=0, out=out[2])
+        else:
+            for row, combine in enumerate(COMBINE):
+                combine.reduce(children[row], axis=0, out=out[row])
 
     def _recompute_level(self, depth: int) -> None:
         """Recompute the whole of level ``depth`` from the level below."""
         fan = self._fans[depth]
-        for tree, combine in zip(self._trees, COMBINE, strict=True):
-            below = self._leaves if depth == 0 else tree[depth - 1]
-            children = below.reshape(-1, fan).T
-            if depth == 0 and combine is np.minimum:
-                children = np.where(children > 0, children, np.inf)
-            combine.reduce(children, axis=0, out=tree[depth])
+        children: Float64Array
+        if depth == 0:
+            children = self._leaves.reshape(-1, fan).T
+        else:
+            children = self._levels[depth - 1].reshape(3, -1, fan).transpose(0, 2, 1)
+        self._combine(children, self._levels[depth])
 
     def _rebuild_internal(self) -> None:
         """Recompute every internal level from the leaves up: O(capacity)."""
@@ -278,22 +291,16 @@ class PriorityIndex:
         its parent is recomputed; a parent listed twice is written twice with one value."""
         self._leaves[slots] = values
         nodes = slots
+        out = np.empty((3, slots.shape[0]))
         for depth, fan in enumerate(self._fans):
-            if self._trees[0][depth].shape[0] <= nodes.shape[0]:
+            if self._levels[depth].shape[1] <= nodes.shape[0]:
                 # A level no wider than the batch: whole, without gathers, and so are those above.
                 for top in range(depth, len(self._fans)):
                     self._recompute_level(top)
                 return
             nodes = nodes >> (fan.bit_length() - 1)  # a level below the root: fan is FAN, 16
-            leaves = self._children_of(0, 0, nodes) if depth == 0 else None
-            for quantity, (tree, combine) in enumerate(zip(self._trees, COMBINE, strict=True)):
-                if leaves is None:
-                    children = self._children_of(quantity, depth, nodes)
-                elif combine is np.minimum:
-                    children = np.where(leaves > 0, leaves, np.inf)
-                else:
-                    children = leaves
-                tree[depth][nodes] = combine.reduce(children, axis=0)
+            self._combine(self._children_of(depth, nodes), out)
+            self._levels[depth][:, nodes] = out
 
     def _as_payload(self, n: int, given: dict[str, npt.ArrayLike]) -> dict[str, Float64Array]:
         if set(given) != set(self._payload_names):
@@ -397,7 +404,7 @@ class PriorityIndex:
         return self._cap
 
     def _root(self, quantity: int) -> float:
-        return float(self._trees[quantity][-1][0])
+        return float(self._levels[-1][quantity, 0])
 
     def total(self) -> float:
         """Sum of all priorities."""
@@ -465,7 +472,7 @@ class PriorityIndex:
         past the running total, it takes the last entry with a positive sum. The root's many
         children are one binary search; below them the walk goes down a level at a time."""
         top = len(self._fans) - 1  # the root's level
-        sums = self._leaves if top == 0 else self._trees[0][top - 1]
+        sums = self._leaves if top == 0 else self._levels[top - 1][0]
         running = np.cumsum(sums)
         nodes = np.searchsorted(running, u, side="right")
         over = nodes == sums.shape[0]
@@ -474,7 +481,7 @@ class PriorityIndex:
         u = np.where(nodes > 0, u - running[nodes - 1], u)
         columns = np.arange(u.shape[0])
         for depth in range(top - 1, -1, -1):
-            sums = self._children_of(0, depth, nodes)  # (fan, n)
+            sums = self._children_of(depth, nodes, sums=True)  # (fan, n)
             running = np.cumsum(sums, axis=0)
             child = np.count_nonzero(running <= u, axis=0)
             over = child == sums.shape[0]

@@ -360,6 +360,18 @@ def _print_targets(size: int, http_rows: dict[tuple[str, int], tuple[list[float]
     )
 
 
+def part_replay(args: argparse.Namespace) -> None:
+    """Replay of 256 at 10^6 rows on PostgreSQL: bench/replay.py's http part, its replay rows
+    only (each through gunicorn beside the same request in process). Its database is
+    FERRUM_BENCH_DB (default ferrum_bench), loaded once by COPY and reused after."""
+    import replay  # bench/replay.py
+
+    replay_args = ["--part", "http", "--rows", str(10**6), "--reuse", "--ingest-requests", "0"]
+    if os.environ.get("BENCH_REDIS_URL"):
+        replay_args += ["--redis-url", os.environ["BENCH_REDIS_URL"]]
+    replay.part_http(replay.parse_args(replay_args))
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--part", nargs="+", default=["web"])
@@ -371,6 +383,8 @@ def main(argv: list[str] | None = None) -> None:
         print(f"# bench/http.py on {platform.node()}, load {_load()}")
         if "web" in args.part:
             part_web(args, data_dir)
+        if "replay" in args.part:
+            part_replay(args)
 
 
 if __name__ == "__main__":

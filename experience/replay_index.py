@@ -8,18 +8,27 @@ the admin included, are seen on the next request. The only module that holds rep
 
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from functools import partial
+from itertools import islice
 
 import numpy as np
+import numpy.typing as npt
 
 from ferrum_memory.core.db_functions import EpochSeconds
 from ferrum_memory.core.revisions import revision_changes
 from ferrum_memory.core.telemetry import index_catch_up
 
 from .models import REVISION, Experience, ExperienceTombstone
-from .sumtree import Float64Array, Int64Array, PriorityIndex, importance_weights, sample_weights
+from .sumtree import (
+    Float64Array,
+    Int64Array,
+    PriorityIndex,
+    SlotMap,
+    importance_weights,
+    sample_weights,
+)
 
 ALL_AGENTS = ""  # the buffer key of the tree over every agent
 PAYLOAD = ("created", "expires")
@@ -61,11 +70,40 @@ def _expiry(value: float | None) -> float:
     return FOREVER if value is None else value
 
 
+BUILD_CHUNK = 100_000  # rows read and turned into columns at a time
+
+
+def _batched(rows: Iterable[tuple], size: int) -> Iterator[list[tuple]]:
+    iterator = iter(rows)
+    while chunk := list(islice(iterator, size)):
+        yield chunk
+
+
+def _columns(
+    rows: list[tuple], agents: dict[str, int]
+) -> tuple[Int64Array, npt.NDArray[np.int32], Float64Array, Float64Array, Float64Array]:
+    """ROW_FIELDS rows as numpy columns; agent ids as codes, each new one added to ``agents``."""
+    count = len(rows)
+    pks = np.fromiter((r[0] for r in rows), dtype=np.int64, count=count)
+    code = agents.setdefault
+    codes = np.fromiter((code(r[1], len(agents)) for r in rows), dtype=np.int32, count=count)
+    priorities = np.fromiter((r[2] for r in rows), dtype=np.float64, count=count)
+    created = np.fromiter((r[3] for r in rows), dtype=np.float64, count=count)
+    expires = np.fromiter((_expiry(r[4]) for r in rows), dtype=np.float64, count=count)
+    return pks, codes, priorities, created, expires
+
+
 class ReplayIndex:
     def __init__(self) -> None:
         self._lock = threading.Lock()
+        self._forget()
+
+    def _forget(self) -> None:
         self._buffers: dict[str, PriorityIndex] = {}
         self._next_expiry: dict[str, float] = {}
+        # The agents' trees share one key -> slot table (a key is one agent's for good): one
+        # table over the key range, not one per agent (at 10 agents, 60 bytes a row).
+        self._agent_slots = SlotMap()
         self.cursor = -1  # -1: never built
 
     # Keeping up with the DB ----------------------------------------------------------------
@@ -79,9 +117,7 @@ class ReplayIndex:
         """Forget everything: the next request rebuilds from the DB (after a failed write that
         this index had already applied)."""
         with self._lock:
-            self._buffers = {}
-            self._next_expiry = {}
-            self.cursor = -1
+            self._forget()
 
     @index_catch_up(REVISION)
     def _catch_up(self) -> None:
@@ -94,11 +130,9 @@ class ReplayIndex:
         if changes is None:
             return
         if changes.rebuild:
-            self._buffers = {}
-            self._next_expiry = {}
-            live = list(changes.changed.filter(retired_at__isnull=True).values_list(*ROW_FIELDS))
-            if live:
-                self._upsert(live, rebuild=True)
+            self._forget()
+            live = changes.changed.filter(retired_at__isnull=True).values_list(*ROW_FIELDS)
+            self._build(live.iterator(chunk_size=BUILD_CHUNK))  # a server-side cursor
         else:
             changed = list(changes.changed.values_list(*ROW_FIELDS, RETIRED))
             gone = list(changes.gone.values_list("experience_pk", "agent_id"))
@@ -117,17 +151,45 @@ class ReplayIndex:
         if changed:
             self._upsert(changed, rebuild=False)
 
+    def _build(self, rows: Iterable[tuple]) -> None:
+        """Build every tree from rows streamed in chunks: at 10^7 rows a list of row tuples took
+        several GB; as numpy columns they take 36 bytes a row."""
+        agents: dict[str, int] = {}
+        chunks = [list(_columns(chunk, agents)) for chunk in _batched(rows, BUILD_CHUNK)]
+        if not chunks:
+            return
+        columns = []
+        for i in range(len(chunks[0])):
+            columns.append(np.concatenate([chunk[i] for chunk in chunks]))
+            for chunk in chunks:
+                chunk[i] = None  # one column's chunks at a time beside its whole: a smaller peak
+        self._load(*columns, agents=list(agents), rebuild=True)
+
     def _upsert(self, rows: list[tuple], *, rebuild: bool) -> None:
-        pks = np.fromiter((r[0] for r in rows), dtype=np.int64, count=len(rows))
-        priorities = np.fromiter((r[2] for r in rows), dtype=np.float64, count=len(rows))
-        created = np.fromiter((r[3] for r in rows), dtype=np.float64, count=len(rows))
-        expires = np.fromiter((_expiry(r[4]) for r in rows), dtype=np.float64, count=len(rows))
-        agents = np.array([r[1] for r in rows], dtype=object)
-        groups: dict[str, np.ndarray] = {ALL_AGENTS: np.arange(len(rows))}
-        for agent in set(agents.tolist()):
-            groups[agent] = np.flatnonzero(agents == agent)
+        agents: dict[str, int] = {}
+        self._load(*_columns(rows, agents), agents=list(agents), rebuild=rebuild)
+
+    def _load(
+        self,
+        pks: Int64Array,
+        codes: npt.NDArray[np.int32],
+        priorities: Float64Array,
+        created: Float64Array,
+        expires: Float64Array,
+        *,
+        agents: list[str],
+        rebuild: bool,
+    ) -> None:
+        """Load rows into the tree over every agent and each agent's (``codes`` index
+        ``agents``): build them afresh, or upsert."""
+        groups: dict[str, Int64Array | slice] = {ALL_AGENTS: slice(None)}
+        for code, agent in enumerate(agents):
+            groups[agent] = np.flatnonzero(codes == code)
         for name, at in groups.items():
-            buffer = self._buffers.setdefault(name, PriorityIndex(payload=PAYLOAD))
+            buffer = self._buffers.get(name)
+            if buffer is None:
+                shared = None if name == ALL_AGENTS else self._agent_slots
+                buffer = self._buffers[name] = PriorityIndex(payload=PAYLOAD, slot_map=shared)
             load = buffer.build if rebuild else buffer.upsert
             load(pks[at], priorities[at], created=created[at], expires=expires[at])
             soonest = float(expires[at].min())

@@ -117,3 +117,20 @@ def test_a_batch_of_items_shares_one_revision_and_arrives_whole():
     assert Experience.objects.values("revision").distinct().count() == 1
     index.catch_up()
     assert index.priorities() == db_priorities()
+
+
+@pytest.mark.django_db
+def test_a_build_streamed_in_chunks_holds_every_agent_and_expiry(monkeypatch):
+    # Three rows a chunk: agents and expiry times cross chunk boundaries.
+    monkeypatch.setattr("experience.replay_index.BUILD_CHUNK", 3)
+    for i in range(10):
+        store(agent_id=f"agent-{i % 3}", td_error=0.1 * i, ttl_seconds=3600 if i == 7 else None)
+    index = ReplayIndex()
+    index.catch_up()
+    assert index.priorities() == db_priorities()
+    for agent in ("agent-0", "agent-1", "agent-2"):
+        assert index.priorities(agent) == db_priorities(agent)
+    expiry = Experience.objects.get(expires_at__isnull=False).expires_at
+    assert expiry is not None
+    assert index._next_expiry["agent-1"] == pytest.approx(expiry.timestamp())
+    assert index._next_expiry["agent-0"] == index._next_expiry["agent-2"] == float("inf")

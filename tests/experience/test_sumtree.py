@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from experience.sumtree import PriorityIndex, importance_weights, sample_weights
+from experience.sumtree import PriorityIndex, SlotMap, importance_weights, sample_weights
 from tests.stats import P_VALUE_FLOOR, chi2_sf, chi_square_p, normalised
 
 
@@ -301,7 +301,7 @@ def test_growth_beyond_initial_capacity_keeps_every_priority() -> None:
         index.upsert(keys, prios)
         model.update(zip(keys.tolist(), prios.tolist(), strict=True))
         assert index.capacity >= len(index)
-    assert index.capacity == 1024
+    assert index.capacity <= 1.25 * len(index)  # grown by a quarter at a time, not doubled
     check_against_model(index, model)
     skewed = {k: (50.0 if k < 50 else 1.0) for k in range(0, 100)}
     index.upsert(list(skewed), np.array(list(skewed.values())))  # keys 0..99: ten are new
@@ -320,7 +320,8 @@ def test_build_replaces_everything() -> None:
     prios = rng.exponential(1.0, keys.size)
     index.build(keys, prios)
     assert 1 not in index and int(keys[0]) in index
-    assert index.capacity == 1 << 17
+    # Not the next power of two (131,072): the next multiple of 256 the levels divide.
+    assert index.capacity == 100_096
     check_against_model(index, dict(zip(keys.tolist(), prios.tolist(), strict=True)))
     index.upsert([5], np.array([2.0]))  # the rebuilt index keeps accepting writes
     assert len(index) == 100_001
@@ -350,3 +351,94 @@ def test_payload_must_name_exactly_the_declared_columns() -> None:
         index.upsert([1], [1.0])
     with pytest.raises(ValueError, match="other lengths"):
         index.upsert([1, 2], [1.0, 1.0], created=[1.0])
+
+
+def test_keys_of_any_spread_map_like_a_dict() -> None:
+    # Dense growing keys live in the slot map's table; keys far from them (negative, huge, a
+    # lone old one) go to its dict. Every mix must behave as a plain dict would.
+    rng = np.random.default_rng(13)
+    index = PriorityIndex(capacity=4)
+    model: dict[int, float] = {}
+    far = np.array([-5, 10**12, 2**62, 7, -(2**62)])
+    for step in range(300):
+        dense = 1000 + step * 20 + rng.integers(0, 60, size=int(rng.integers(1, 30)))
+        keys = np.concatenate([dense, rng.choice(far, size=int(rng.integers(0, 3)))])
+        prios = rng.exponential(1.0, size=keys.size)
+        index.upsert(keys, prios)
+        model.update(zip(keys.tolist(), prios.tolist(), strict=True))
+        gone = rng.choice(np.array(list(model)), size=min(len(model), int(rng.integers(0, 25))))
+        index.remove(gone)
+        for key in gone.tolist():
+            model.pop(key, None)
+        check_against_model(index, model)
+    assert all((key in index) == (key in model) for key in [*far.tolist(), 2**70, "7", 1.5])
+    with pytest.raises(KeyError):
+        index.priorities([next(k for k in range(-1, -100, -1) if k not in model)])
+
+
+def test_a_sliding_window_of_keys_keeps_the_slot_table_small() -> None:
+    # A buffer at capacity (fifo): each batch of new, larger keys evicts the oldest ones.
+    index = PriorityIndex()
+    index.upsert(np.arange(10_000), np.ones(10_000))
+    for start in range(10_000, 1_000_000, 10_000):
+        index.remove(np.arange(start - 10_000, start))
+        index.upsert(np.arange(start, start + 10_000), np.ones(10_000))
+    slots = index._slot_of
+    assert len(index) == 10_000 and not slots._extra
+    assert slots._table.shape[0] <= 4 * 10_000  # not the 10^6 keys ever seen
+
+
+def test_float_edge_below_the_flat_search_never_returns_a_zero_priority() -> None:
+    # Over FLAT_SEARCH slots the walk starts at an internal level: u == total (rounding) must
+    # still end on a positive leaf, the last one, at every level of the walk.
+    index = PriorityIndex(capacity=1 << 16)
+    prios = np.zeros(40_000)
+    prios[[3, 17, 5000, 39_000]] = [1.0, 2.0, 3.0, 4.0]
+    index.upsert(np.arange(40_000), prios)
+    for edge in (0.0, 1.0):
+        rng_edge: Any = _EdgeRng(edge)
+        keys, probs = index.sample(8, rng_edge)
+        assert set(keys.tolist()) == ({3} if edge == 0.0 else {39_000})
+        assert np.all(probs > 0)
+
+
+def test_a_far_key_joins_the_slot_table_once_the_live_keys_reach_it() -> None:
+    index = PriorityIndex()
+    index.upsert(np.arange(100), np.ones(100))
+    index.upsert([10**6], [5.0])  # far from the rest: the slot map's dict holds it
+    assert index._slot_of._extra == {10**6: 100}
+    index.remove(np.arange(100))
+    index.upsert(np.arange(10**6 - 50, 10**6), np.full(50, 2.0))  # the live keys move there
+    assert not index._slot_of._extra
+    check_against_model(index, {**dict.fromkeys(range(10**6 - 50, 10**6), 2.0), 10**6: 5.0})
+
+
+def test_indexes_of_disjoint_keys_can_share_one_slot_map() -> None:
+    # The replay index's per-agent trees: keys interleaved (one key, one agent), one map.
+    rng = np.random.default_rng(14)
+    shared = SlotMap()
+    indexes = [PriorityIndex(capacity=4, slot_map=shared) for _ in range(3)]
+    models: list[dict[int, float]] = [{}, {}, {}]
+    for step in range(200):
+        owner = int(rng.integers(0, 3))
+        keys = rng.integers(0, 600, size=int(rng.integers(1, 30)))
+        keys = keys[keys % 3 == owner]  # each key belongs to one index for good
+        if step % 40 == 39:
+            prios = rng.exponential(1.0, keys.size)
+            indexes[owner].build(keys, prios)
+            models[owner] = dict(zip(keys.tolist(), prios.tolist(), strict=True))
+        elif rng.random() < 0.7:
+            prios = rng.exponential(1.0, keys.size)
+            indexes[owner].upsert(keys, prios)
+            models[owner].update(zip(keys.tolist(), prios.tolist(), strict=True))
+        else:
+            indexes[owner].remove(keys)
+            for key in keys.tolist():
+                models[owner].pop(key, None)
+        for index, model in zip(indexes, models, strict=True):
+            check_against_model(index, model)
+    assert len(shared) == sum(len(model) for model in models)
+    key = next(iter(models[0]))
+    assert key in indexes[0] and key not in indexes[1] and key not in indexes[2]
+    with pytest.raises(KeyError):
+        indexes[1].priorities([key])

@@ -219,6 +219,10 @@ REST_FRAMEWORK = {
     "UNAUTHENTICATED_USER": None,
 }
 
+# Seconds an API key stays cached in each web process: a key revoked or edited elsewhere (another
+# worker, a management command) still works for up to this long; 0: read on every request.
+API_KEY_CACHE_SECONDS = env.float("API_KEY_CACHE_SECONDS", default=5.0)
+
 # The largest request body (a 400 beyond it): a session's working memory
 # (SESSION_MAX_STATE_BYTES) with room to spare, or a batch of 1,000 experiences of up to 16 KiB
 # each on average (one experience may hold more, so a batch of large ones must be split).

@@ -79,11 +79,13 @@ MIDDLEWARE = [
     "ferrum_memory.core.telemetry.RequestTelemetryMiddleware",
     "django.middleware.security.SecurityMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
-    "django.contrib.sessions.middleware.SessionMiddleware",
+    # Sessions, the logged-in user and messages run under /admin/ only (core/middleware.py):
+    # the API reads no cookie. Django's own classes otherwise, in Django's order.
+    "ferrum_memory.core.middleware.AdminSessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
-    "django.contrib.auth.middleware.AuthenticationMiddleware",
-    "django.contrib.messages.middleware.MessageMiddleware",
+    "ferrum_memory.core.middleware.AdminAuthenticationMiddleware",
+    "ferrum_memory.core.middleware.AdminMessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     "django_prometheus.middleware.PrometheusAfterMiddleware",
 ]

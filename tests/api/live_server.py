@@ -49,7 +49,9 @@ def _manage(env: dict[str, str], *args: str) -> str:
 
 
 @contextmanager
-def live_server(data_dir: Path, **extra_env: str) -> Iterator[LiveServer]:
+def live_server(data_dir: Path, root: Path = ROOT, **extra_env: str) -> Iterator[LiveServer]:
+    """gunicorn as deployed, with the code of `root` (bench/http.py --baseline: another
+    checkout's, on the same data)."""
     port = _free_port()
     env = {k: v for k, v in os.environ.items() if k not in SCALED_OUT}
     env.update(
@@ -61,10 +63,10 @@ def live_server(data_dir: Path, **extra_env: str) -> Iterator[LiveServer]:
     )
     _manage(env, "migrate", "--noinput")
     api_key = _manage(env, "create_api_key", "live-server").splitlines()[-1]
-    log = (data_dir / "gunicorn.log").open("w")
+    log = (data_dir / "gunicorn.log").open("a")  # two servers may share the folder
     server = subprocess.Popen(
         [str(BIN / "gunicorn"), "ferrum_memory.wsgi:application", "--config", "gunicorn.conf.py"],
-        cwd=ROOT,
+        cwd=root,
         env=env,
         stdout=log,
         stderr=subprocess.STDOUT,

@@ -313,6 +313,8 @@ def part_web(args: argparse.Namespace, data_dir: str) -> None:
         )
         reset_vector_index()
         http_rows: dict[tuple[str, str, int], tuple[list[float], float, float]] = {}
+        for name in roots:  # manage.py, run before gunicorn makes it, needs it too
+            (Path(data_dir) / f"prometheus-{name}").mkdir(exist_ok=True)
         with ExitStack() as stack:
             servers = {
                 name: stack.enter_context(
@@ -455,6 +457,16 @@ def _print_targets(size: int, http_rows: dict[tuple[str, int], tuple[list[float]
     )
 
 
+def _run(args: argparse.Namespace, data_dir: str) -> None:
+    import subprocess
+
+    try:
+        part_web(args, data_dir)
+    except subprocess.CalledProcessError as exc:  # a server's set-up command: say why
+        print(exc.stderr, file=sys.stderr)
+        raise
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--part", nargs="+", default=["web"])
@@ -475,7 +487,7 @@ def main(argv: list[str] | None = None) -> None:
         setup_django(data_dir, keep_near_duplicates=False)
         print(f"# bench/http.py on {platform.node()}, load {_load()}")
         if "web" in args.part:
-            part_web(args, data_dir)
+            _run(args, data_dir)
 
 
 if __name__ == "__main__":

@@ -72,8 +72,10 @@ INSTALLED_APPS = [
     "agents",
 ]
 
+# No django-prometheus middleware: its dozen django_http_* series per request cost about a
+# tenth of a trivial request (bench/http.py); ferrum_api_request_duration_seconds, observed
+# once per request, counts and times every request by route, verb and status.
 MIDDLEWARE = [
-    "django_prometheus.middleware.PrometheusBeforeMiddleware",
     # Request id, per-operation latency and the access line; inside the request's span, which
     # the OpenTelemetry Django instrumentation puts first when tracing is on.
     "ferrum_memory.core.telemetry.RequestTelemetryMiddleware",
@@ -87,7 +89,6 @@ MIDDLEWARE = [
     "ferrum_memory.core.middleware.AdminAuthenticationMiddleware",
     "ferrum_memory.core.middleware.AdminMessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
-    "django_prometheus.middleware.PrometheusAfterMiddleware",
 ]
 
 TEMPLATES = [

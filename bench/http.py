@@ -320,7 +320,7 @@ def part_web(args: argparse.Namespace, data_dir: str) -> None:
                 name: stack.enter_context(
                     live_server(
                         Path(data_dir),
-                        root,
+                        root=root,
                         WEB_CONCURRENCY=str(workers),
                         PROMETHEUS_MULTIPROC_DIR=str(Path(data_dir) / f"prometheus-{name}"),
                     )

@@ -20,8 +20,8 @@ class AdminPathsOnly:
 
     def __call__(self, request: HttpRequest) -> HttpResponse:
         if not request.path_info.startswith(ADMIN_PREFIX):
-            return self.get_response(request)  # type: ignore[attr-defined,no-any-return]
-        return super().__call__(request)  # type: ignore[misc,no-any-return]
+            return self.get_response(request)  # type: ignore[attr-defined]
+        return super().__call__(request)  # type: ignore[misc]
 
 
 class AdminSessionMiddleware(AdminPathsOnly, SessionMiddleware):

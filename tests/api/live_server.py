@@ -49,7 +49,7 @@ def _manage(env: dict[str, str], *args: str) -> str:
 
 
 @contextmanager
-def live_server(data_dir: Path, root: Path = ROOT, **extra_env: str) -> Iterator[LiveServer]:
+def live_server(data_dir: Path, *, root: Path = ROOT, **extra_env: str) -> Iterator[LiveServer]:
     """gunicorn as deployed, with the code of `root` (bench/http.py --baseline: another
     checkout's, on the same data)."""
     port = _free_port()

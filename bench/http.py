@@ -288,7 +288,7 @@ def part_web(args: argparse.Namespace, data_dir: str) -> None:
     from ferrum_memory.core.services import api_key_create
     from memory.vector_index import reset_vector_index
     from sessions.services import session_start
-    from tests.api.live_server import live_server
+    from tests.api.live_server import live_server_of
 
     turns, questions = locomo_texts()
     workers = 2
@@ -318,9 +318,9 @@ def part_web(args: argparse.Namespace, data_dir: str) -> None:
         with ExitStack() as stack:
             servers = {
                 name: stack.enter_context(
-                    live_server(
+                    live_server_of(
+                        root,
                         Path(data_dir),
-                        root=root,
                         WEB_CONCURRENCY=str(workers),
                         PROMETHEUS_MULTIPROC_DIR=str(Path(data_dir) / f"prometheus-{name}"),
                     )

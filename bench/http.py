@@ -67,10 +67,18 @@ STEPS = (
 LAYERS = (
     ("index", "memory/vector_index.py"),
     ("database", "django/db/"),
-    ("logging and metrics", "ferrum_memory/core/telemetry.py"),
-    ("logging and metrics", "django_prometheus/"),
-    ("logging and metrics", "logging/"),
-    ("logging and metrics", "opentelemetry/"),
+)
+# Logging and metrics code is charged its own frames, without what runs inside them: the
+# telemetry middleware and the `traced` wrappers hold the whole request or call.
+LOGGING_AND_METRICS = (
+    "ferrum_memory/core/telemetry.py",
+    "ferrum_memory/core/logs.py",
+    "ferrum_memory/core/metrics.py",
+    "django_prometheus/",
+    "prometheus_client/",
+    "logging/",
+    "pythonjsonlogger/",
+    "opentelemetry/",
 )
 
 
@@ -217,7 +225,8 @@ def _charge(frame: Any, step: str | None, layer: str | None, parts: dict[str, fl
     if step is None:
         step = next((name for name, mark in STEPS if mark in where), None)
     layer = next((name for name, mark in LAYERS if mark in where), layer)
-    part = step or layer or "Django, DRF and the view"
+    own = "logging and metrics" if any(mark in where for mark in LOGGING_AND_METRICS) else None
+    part = step or own or layer or "Django, DRF and the view"
     parts[part] = parts.get(part, 0.0) + frame.absorbed_time + _self_time(frame)
     for child in frame.children:
         _charge(child, step, layer, parts)

@@ -220,16 +220,25 @@ def in_process(
     return times, parts
 
 
-def _charge(frame: Any, step: str | None, layer: str | None, parts: dict[str, float]) -> None:
+def _charge(
+    frame: Any,
+    step: str | None,
+    layer: str | None,
+    parts: dict[str, float],
+    caller_own: str | None = None,
+) -> None:
     where = f"{frame.file_path or ''}:{frame.function or ''}"
     if step is None:
         step = next((name for name, mark in STEPS if mark in where), None)
     layer = next((name for name, mark in LAYERS if mark in where), layer)
-    own = "logging and metrics" if any(mark in where for mark in LOGGING_AND_METRICS) else None
+    if (frame.file_path or "<").startswith("<"):
+        own = caller_own  # a built-in, or pyinstrument's [self] time: its caller's part
+    else:
+        own = "logging and metrics" if any(m in where for m in LOGGING_AND_METRICS) else None
     part = step or own or layer or "Django, DRF and the view"
     parts[part] = parts.get(part, 0.0) + frame.absorbed_time + _self_time(frame)
     for child in frame.children:
-        _charge(child, step, layer, parts)
+        _charge(child, step, layer, parts, own)
 
 
 def _self_time(frame: Any) -> float:

@@ -58,10 +58,16 @@ def fresh_replay_index():
 
 @pytest.fixture(autouse=True)
 def _clear_cache():
-    # Throttle counters live in the cache; each test starts with a fresh budget.
+    # Throttle counters live in the cache (and each process's share of them in the
+    # throttle); each test starts with a fresh budget and reads its API keys afresh.
     from django.core.cache import cache
 
+    from ferrum_memory.core.selectors import api_key_forget
+    from ferrum_memory.core.throttling import ApiKeyRateThrottle
+
     cache.clear()
+    ApiKeyRateThrottle.forget_windows()
+    api_key_forget()
 
 
 _OPTIONS = pytest.StashKey[dict]()  # each test's DB OPTIONS as it started

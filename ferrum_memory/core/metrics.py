@@ -18,6 +18,15 @@ API_REQUEST_SECONDS = Histogram(
     ["operation", "method", "status"],
     buckets=LATENCY_BUCKETS,
 )
+
+
+@functools.cache
+def api_request_seconds(operation: str, method: str, status: int) -> Histogram:
+    """One series of API_REQUEST_SECONDS, looked up once (each label is a bounded set: routes,
+    verbs, status codes). Every request observes it: the only metric a request writes."""
+    return API_REQUEST_SECONDS.labels(operation=operation, method=method, status=status)
+
+
 REPLAY_SAMPLE_SECONDS = Histogram(
     "ferrum_replay_sample_duration_seconds",
     "Time to draw one replay batch (index catch-up included), by strategy.",

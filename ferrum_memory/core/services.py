@@ -35,7 +35,13 @@ def api_key_create(
 
 
 def api_key_deactivate_by_name(*, name: str) -> int:
-    return ApiKey.objects.filter(name=name, is_active=True).update(is_active=False)
+    # One save per key (a name has a few at most), not one UPDATE: each save clears the key
+    # from the authentication cache (CoreConfig.ready), so a rotated key stops here at once.
+    keys = list(ApiKey.objects.filter(name=name, is_active=True))
+    for api_key in keys:
+        api_key.is_active = False
+        api_key.save(update_fields=["is_active"])
+    return len(keys)
 
 
 def api_key_touch(*, api_key: ApiKey) -> None:

@@ -24,7 +24,7 @@ from opentelemetry.util.types import Attributes
 from prometheus_client import Counter, Histogram
 
 from . import logs
-from .metrics import API_REQUEST_SECONDS, INDEX_LAG
+from .metrics import INDEX_LAG, api_request_seconds
 
 if TYPE_CHECKING:  # the SDK loads only when tracing is on
     from opentelemetry.sdk.trace.export import SpanExporter
@@ -244,9 +244,9 @@ class RequestTelemetryMiddleware:
             response = self.get_response(request)
             seconds = time.perf_counter() - started
             operation = _operation(request)
-            API_REQUEST_SECONDS.labels(
-                operation=operation, method=_method_label(request), status=response.status_code
-            ).observe(seconds)
+            api_request_seconds(operation, _method_label(request), response.status_code).observe(
+                seconds
+            )
             access_logger.log(
                 _level(response.status_code),
                 "%s %s %s",

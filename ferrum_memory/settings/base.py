@@ -73,20 +73,23 @@ INSTALLED_APPS = [
     "agents",
 ]
 
+# No django-prometheus middleware: its dozen django_http_* series per request cost about a
+# tenth of a trivial request (bench/http.py); ferrum_api_request_duration_seconds, observed
+# once per request, counts and times every request by route, verb and status.
 MIDDLEWARE = [
-    "django_prometheus.middleware.PrometheusBeforeMiddleware",
     # Request id, per-operation latency and the access line; inside the request's span, which
     # the OpenTelemetry Django instrumentation puts first when tracing is on.
     "ferrum_memory.core.telemetry.RequestTelemetryMiddleware",
     "django.middleware.security.SecurityMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
-    "django.contrib.sessions.middleware.SessionMiddleware",
+    # Sessions, the logged-in user and messages run under /admin/ only (core/middleware.py):
+    # the API reads no cookie. Django's own classes otherwise, in Django's order.
+    "ferrum_memory.core.middleware.AdminSessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
-    "django.contrib.auth.middleware.AuthenticationMiddleware",
-    "django.contrib.messages.middleware.MessageMiddleware",
+    "ferrum_memory.core.middleware.AdminAuthenticationMiddleware",
+    "ferrum_memory.core.middleware.AdminMessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
-    "django_prometheus.middleware.PrometheusAfterMiddleware",
 ]
 
 TEMPLATES = [
@@ -222,6 +225,10 @@ REST_FRAMEWORK = {
     "EXCEPTION_HANDLER": "ferrum_memory.core.exceptions.api_exception_handler",
     "UNAUTHENTICATED_USER": None,
 }
+
+# Seconds an API key stays cached in each web process: a key revoked or edited elsewhere (another
+# worker, a management command) still works for up to this long; 0: read on every request.
+API_KEY_CACHE_SECONDS = env.float("API_KEY_CACHE_SECONDS", default=5.0)
 
 # The largest request body (a 400 beyond it): a session's working memory
 # (SESSION_MAX_STATE_BYTES) with room to spare, or a batch of 1,000 experiences of up to 16 KiB

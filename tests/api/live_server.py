@@ -6,7 +6,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -48,8 +48,14 @@ def _manage(env: dict[str, str], *args: str) -> str:
     return result.stdout.strip()
 
 
+def live_server(data_dir: Path, /, **extra_env: str) -> AbstractContextManager[LiveServer]:
+    return live_server_of(ROOT, data_dir, **extra_env)
+
+
 @contextmanager
-def live_server(data_dir: Path, **extra_env: str) -> Iterator[LiveServer]:
+def live_server_of(root: Path, data_dir: Path, /, **extra_env: str) -> Iterator[LiveServer]:
+    """gunicorn as deployed, with the code of the checkout at `root` (bench/http.py
+    --baseline runs another checkout's beside this one, on the same data)."""
     port = _free_port()
     env = {k: v for k, v in os.environ.items() if k not in SCALED_OUT}
     env.update(
@@ -61,10 +67,10 @@ def live_server(data_dir: Path, **extra_env: str) -> Iterator[LiveServer]:
     )
     _manage(env, "migrate", "--noinput")
     api_key = _manage(env, "create_api_key", "live-server").splitlines()[-1]
-    log = (data_dir / "gunicorn.log").open("w")
+    log = (data_dir / "gunicorn.log").open("a")  # two servers may share the folder
     server = subprocess.Popen(
         [str(BIN / "gunicorn"), "ferrum_memory.wsgi:application", "--config", "gunicorn.conf.py"],
-        cwd=ROOT,
+        cwd=root,
         env=env,
         stdout=log,
         stderr=subprocess.STDOUT,

@@ -55,7 +55,11 @@ def test_metrics_expose_prometheus_text(api_client, anon_client):
     response = api_client.get("/metrics")
     assert response.status_code == 200
     assert response["Content-Type"].startswith("text/plain")
-    assert b"django_http_requests_total_by_method_total" in response.content
+    # One series per route, verb and status: the request above is counted.
+    assert (
+        b'ferrum_api_request_duration_seconds_count{method="GET",operation="stats",status="200"}'
+        in response.content
+    )
 
 
 def test_openapi_schema_is_public_and_declares_bearer_auth(anon_client):

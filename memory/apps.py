@@ -40,7 +40,7 @@ def check_vector_index() -> dict[str, Any]:
     index = get_vector_index()
     index.catch_up()
     return {
-        "engine": type(index.engine).__name__,
+        "engine": index.engine_name,
         "cursor": index.cursor,
         "lag": revision_state(name="memory")[0] - index.cursor,
     }

@@ -40,12 +40,13 @@ from . import vector_index
 logger = logging.getLogger(__name__)
 
 HEADER = struct.Struct("!I")
-# How long a client waits for a server before asking the next one, and for the last one.
-HEDGE_SECONDS = 0.06
+# How long a client waits for a server before asking the next one (longer than a search on a
+# loaded machine, or both servers would do most searches), and for the last one.
+HEDGE_SECONDS = 0.1
 LAST_TRY_SECONDS = 60.0
 # A busy server's clients keep sending for a moment (they read the busy file just before):
 # it answers them before it stops for the build.
-BUSY_GRACE_SECONDS = 0.02
+BUSY_GRACE_SECONDS = 0.05
 OPTIMIZE_POLL_SECONDS = 0.2
 
 

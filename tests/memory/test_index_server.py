@@ -9,6 +9,7 @@ import subprocess
 import sys
 import threading
 from pathlib import Path
+from typing import Any
 
 import pytest
 import requests
@@ -179,19 +180,28 @@ def test_index_servers_beside_gunicorn_as_deployed(tmp_path):
             http = requests.Session()
             http.headers["Authorization"] = f"Bearer {server.api_key}"
             url = server.base_url
-            item = {"agent_id": "a", "content": "the night ferry to the island"}
+            item: dict[str, Any] = {"agent_id": "a", "content": "the night ferry to the island"}
             stored = http.post(f"{url}/memory/store", json=item, timeout=60)
             assert stored.status_code == 201 and stored.json()["indexed"] is True
-            query = {"agent_id": "a", "query": "night ferry", "limit": 5}
+            query: dict[str, Any] = {"agent_id": "a", "query": "night ferry", "limit": 5}
             hits = http.post(f"{url}/memory/search", json=query, timeout=60).json()["results"]
             assert [hit["item"]["point_id"] for hit in hits] == [stored.json()["point_id"]]
             health = http.get(f"{url}/health", timeout=60).json()
             assert "IndexServers" in str(health)
-            children = Path(f"/proc/{command.pid}/task/{command.pid}/children").read_text()
-            os.kill(int(children.split()[0]), signal.SIGKILL)
+            children = Path(f"/proc/{command.pid}/task/{command.pid}/children")
+            killed = int(children.read_text().split()[0])
+            os.kill(killed, signal.SIGKILL)
             for _ in range(3):
                 answer = http.post(f"{url}/memory/search", json=query, timeout=60)
                 assert answer.status_code == 200 and len(answer.json()["results"]) == 1
+            # The command starts a dead server again.
+            for _ in range(300):
+                running = [int(pid) for pid in children.read_text().split()]
+                if len(running) == 2 and killed not in running:
+                    break
+                threading.Event().wait(0.1)
+            assert len(running) == 2 and killed not in running
         finally:
             command.terminate()
-            assert command.wait(timeout=60) in (0, 1)
+            assert command.wait(timeout=60) == 0
+        assert not children.exists() or children.read_text().split() == []

@@ -1,12 +1,15 @@
 import signal
 import subprocess
 import sys
+import threading
 from typing import Any
 
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandParser
 
 from memory.index_server import serve
+
+RESTART_DELAY_SECONDS = 1.0
 
 
 class Command(BaseCommand):
@@ -25,20 +28,26 @@ class Command(BaseCommand):
             serve(options["slot"])
             return
         count = options["servers"] or settings.VECTOR_INDEX_SERVERS or 2
+        stopping = threading.Event()
+        signal.signal(signal.SIGTERM, lambda *_: stopping.set())
+        signal.signal(signal.SIGINT, lambda *_: stopping.set())
         # One process per server: each holds the GIL while it builds graphs, so two in one
-        # process would stop each other.
-        children = [
-            subprocess.Popen([sys.executable, sys.argv[0], "memory_index_server", f"--slot={slot}"])
-            for slot in range(count)
-        ]
+        # process would stop each other. A server that dies is started again.
+        children = [self._start(slot) for slot in range(count)]
+        self.stdout.write(f"{count} vector index servers started.", ending="\n")
+        self.stdout.flush()
+        while not stopping.wait(RESTART_DELAY_SECONDS):
+            for slot, child in enumerate(children):
+                if child.poll() is not None:
+                    self.stderr.write(f"index server {slot} exited ({child.returncode}); again")
+                    children[slot] = self._start(slot)
+        for child in children:
+            child.terminate()
+        for child in children:
+            child.wait()
 
-        def stop(*_: Any) -> None:
-            for child in children:
-                child.terminate()
-
-        signal.signal(signal.SIGTERM, stop)
-        signal.signal(signal.SIGINT, stop)
-        self.stdout.write(f"{count} vector index servers started.")
-        codes = [child.wait() for child in children]
-        if any(codes) and not all(code in (0, -signal.SIGTERM) for code in codes):
-            raise SystemExit(1)
+    @staticmethod
+    def _start(slot: int) -> subprocess.Popen[bytes]:
+        return subprocess.Popen(
+            [sys.executable, sys.argv[0], "memory_index_server", f"--slot={slot}"]
+        )

@@ -197,7 +197,7 @@ def service(data_dir: Path, servers: str) -> Iterator[Service]:
             svc.processes["index server"] = subprocess.Popen(
                 [sys.executable, "manage.py", "memory_index_server"],
                 cwd=ROOT,
-                env=env,
+                env={**env, "LOG_LEVEL": "INFO"},  # its graph builds, which scale waits for
                 stdout=log,
                 stderr=subprocess.STDOUT,
             )
@@ -436,10 +436,11 @@ def part_scale(args: argparse.Namespace) -> None:
     _, questions = locomo()
     rows = []
     for n in args.scale_items:
-        for per_agent in (n, 100):
+        for per_agent in (100, n):
             for layout in args.layouts:
                 with tempfile.TemporaryDirectory(prefix="bench-indexing-") as folder:
                     rows.append(scale_run(Path(folder), layout, n, per_agent, questions, args))
+                print("  " + " | ".join(rows[-1]), file=sys.stderr, flush=True)
     print("\n## scale: search over HTTP (1 client, hybrid, limit 10), rebuild, memory\n")
     print_table(
         (

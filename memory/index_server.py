@@ -155,6 +155,7 @@ class IndexServer:
                             op, kwargs = _receive(self.request)
                         except (ConnectionError, OSError):
                             return
+                        close_old_connections()  # as Django does around each request
                         try:
                             reply: tuple[str, Any] = ("ok", handle(op, kwargs))
                         except Exception as exc:  # noqa: BLE001 - the client raises it

@@ -43,6 +43,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -307,6 +308,7 @@ def stall_run(
     post(http, f"{svc.url}/memory/store", reader_items, 201)
     stores: list[float] = []
     searches: list[tuple[float, float]] = []
+    walls: list[tuple[float, float]] = []  # each search's wall-clock start and end
     done = threading.Event()
     start = time.perf_counter()
     loads: list[float] = []
@@ -322,8 +324,10 @@ def stall_run(
         i = 0
         while not done.is_set():
             body = {"agent_id": READER, "query": questions[i % len(questions)], "limit": 10}
+            sent = time.time()
             took = post(own, f"{svc.url}/memory/search", body, 200)
             searches.append((took, time.perf_counter() - start))
+            walls.append((sent, sent + took / 1000))
             i += 1
 
     def progress() -> None:
@@ -347,8 +351,45 @@ def stall_run(
     rss = svc.rss_mb()
     slow = sorted(searches, reverse=True)[:5]
     slow_text = ", ".join(f"{ms:.0f} @ {at:.0f}" for ms, at in slow)
+    slow_text += "\n" + during_builds(Path(svc.env["FERRUM_DATA_DIR"]), searches, walls)
     load_text = f"{min(loads):.1f}-{max(loads):.1f}" if loads else load()
     return stores, [ms for ms, _ in searches], slow_text, load_text, rss
+
+
+def during_builds(
+    folder: Path, searches: list[tuple[float, float]], walls: list[tuple[float, float]]
+) -> str:
+    """The graph builds the service logged (in a web process, or in an index server), and the
+    searches that overlapped one against the others: what a build costs a search."""
+    builds = []
+    for log in ("gunicorn.log", "index-servers.log"):
+        path = folder / log
+        for line in path.read_text().splitlines() if path.exists() else []:
+            found = re.search(r"built graphs for ([\d.]+) s", line)
+            if found and line.startswith("{"):
+                end = datetime.strptime(json.loads(line)["time"], "%Y-%m-%d %H:%M:%S,%f")
+                end_s = end.replace(tzinfo=UTC).timestamp()
+                builds.append((end_s - float(found.group(1)), end_s, log))
+    during = [
+        ms for (ms, _), (a, b) in zip(searches, walls, strict=True) if _overlaps(a, b, builds)
+    ]
+    other = [
+        ms for (ms, _), (a, b) in zip(searches, walls, strict=True) if not _overlaps(a, b, builds)
+    ]
+    text = "graph builds: " + (
+        ", ".join(f"{b - a:.1f} s in {log.split('.')[0]}" for a, b, log in builds) or "none logged"
+    )
+    for name, part in (("overlapping a build", during), ("the others", other)):
+        if part:
+            text += (
+                f"; searches {name}: {len(part)}, p50 {np.percentile(part, 50):.0f} ms, "
+                f"max {max(part):.0f} ms"
+            )
+    return text
+
+
+def _overlaps(start: float, end: float, builds: list[tuple[float, float, str]]) -> bool:
+    return any(start < b and end > a for a, b, _ in builds)
 
 
 # scale ------------------------------------------------------------------------------------------

@@ -122,7 +122,7 @@ class IndexServer:
                 # Points stored during the build are added before clients come back.
                 self.index.catch_up()
                 logger.info(
-                    "index server %s built graphs in %.2f s",
+                    "index server %s built graphs for %.2f s",
                     self.slot,
                     time.perf_counter() - started,
                 )

@@ -17,6 +17,7 @@ import fcntl
 import json
 import logging
 import threading
+import time
 import uuid
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
@@ -58,6 +59,7 @@ INT8_QUANTILE = 0.99
 # An index server builds graphs once its catch-ups have added this many points (the dense
 # vectors of 384 float32 that fill HNSW_FULL_SCAN_KB), or deleted as many.
 OPTIMIZE_AFTER_POINTS = HNSW_FULL_SCAN_KB * 1024 // (384 * 4)
+SLOW_INLINE_OPTIMIZE_SECONDS = 0.5  # logged: the whole process stood still that long
 ROW_FIELDS = (
     "id",
     "agent_id",
@@ -616,8 +618,16 @@ class VectorIndex:
             self.engine.upsert([_point(row, embedder.model_name) for row in chunk])
             self._unoptimized += len(chunk)
         if self.optimize_inline:
+            started = time.perf_counter()
             self.engine.optimize()
             self._unoptimized, self._rebuilt = 0, False
+            took = time.perf_counter() - started
+            if took >= SLOW_INLINE_OPTIMIZE_SECONDS:
+                logger.warning(
+                    "vector index built graphs for %.2f s inside a request, stopping this "
+                    "process meanwhile (VECTOR_INDEX_SERVERS=2 builds them off the request path)",
+                    took,
+                )
         self.engine.save_state({"cursor": changes.upper, "model": embedder.model_name})
 
     @traced(

@@ -10,10 +10,10 @@ web and worker processes hold no index (a `RemoteVectorIndex` asks a server inst
 
 A server builds graphs only when its catch-ups have added enough points since the last build
 (`VectorIndex.optimize_due`), one server at a time (a file lock), and first says so (a busy
-file) so that clients send to another server. A client whose server does not answer within
-INDEX_SERVER_HEDGE_SECONDS (a build that began after the request was sent) asks the next one.
-Each server catches up from the DB before every search, as every process did before, so a store
-is searchable on every server once it returns (read-your-writes).
+file) so that clients send to another server; a client whose server turns busy before it
+answers (a build that began after the request was sent) asks the next one. Each server
+catches up from the DB before every search, as every process did before, so a store is
+searchable on every server once it returns (read-your-writes).
 
 Requests are pickled over a socket in the data folder, which only this user may open.
 """
@@ -22,6 +22,7 @@ import fcntl
 import logging
 import os
 import pickle
+import select
 import socket
 import socketserver
 import struct
@@ -40,9 +41,9 @@ from . import vector_index
 logger = logging.getLogger(__name__)
 
 HEADER = struct.Struct("!I")
-# How long a client waits for a server before asking the next one (longer than a search on a
-# loaded machine, or both servers would do most searches), and for the last one.
-HEDGE_SECONDS = 0.1
+# How often a client waiting for an answer looks whether its server began building graphs
+# (then it asks the next one), and how long it waits for an answer at most.
+BUSY_CHECK_SECONDS = 0.02
 LAST_TRY_SECONDS = 60.0
 # A busy server's clients keep sending for a moment (they read the busy file just before):
 # it answers them before it stops for the build.
@@ -243,14 +244,26 @@ class RemoteVectorIndex:
         for attempt, slot in enumerate(order):
             last = attempt == len(order) - 1
             try:
-                return self._ask(slot, op, kwargs, LAST_TRY_SECONDS if last else HEDGE_SECONDS)
-            except (OSError, ConnectionError) as exc:  # timeout, refused, gone: the next one
+                return self._ask(slot, op, kwargs, LAST_TRY_SECONDS, leave_if_busy=not last)
+            except (OSError, ConnectionError) as exc:  # busy, refused, gone: the next one
                 logger.debug("index server %s did not answer %s: %s", slot, op, exc)
         raise Unavailable(
             "No vector index server answers (is `manage.py memory_index_server` running?)."
         )
 
-    def _ask(self, slot: int, op: str, kwargs: dict[str, Any], timeout: float | None) -> Any:
+    def _ask(
+        self,
+        slot: int,
+        op: str,
+        kwargs: dict[str, Any],
+        timeout: float | None,
+        *,
+        leave_if_busy: bool = False,
+    ) -> Any:
+        """Server `slot`'s answer. With `leave_if_busy`, a server that starts building graphs
+        before it answers is left (TimeoutError): waiting for it would take the whole build. A
+        slow answer from a server that is not building is waited for: asking the other one too
+        would double the work of a loaded machine."""
         sockets: dict[int, socket.socket] = self._local.__dict__.setdefault("sockets", {})
         sock = sockets.get(slot)
         try:
@@ -261,6 +274,11 @@ class RemoteVectorIndex:
                 sockets[slot] = sock
             sock.settimeout(timeout)
             _send(sock, (op, kwargs))
+            if leave_if_busy:
+                deadline = time.monotonic() + (timeout or LAST_TRY_SECONDS)
+                while not select.select([sock], [], [], BUSY_CHECK_SECONDS)[0]:
+                    if busy_path(slot).exists() or time.monotonic() > deadline:
+                        raise TimeoutError(f"index server {slot} is building graphs")
             status, value = _receive(sock)
         except BaseException:
             # A late answer would be read as the next request's: this connection is done.

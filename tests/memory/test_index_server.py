@@ -115,18 +115,22 @@ def test_a_server_building_graphs_is_marked_busy_and_skipped(servers, settings, 
 
 
 @pytest.mark.django_db(transaction=True)
-def test_a_server_that_does_not_answer_is_passed_over(servers, monkeypatch):
+def test_a_client_leaves_a_server_that_turns_busy_before_it_answers(servers, monkeypatch):
     index = vector_index.get_vector_index()
     silent = index.home
-    # Its socket now leads to a listener that never answers (a server stopped mid-build).
+    # Its socket now leads to a listener that never answers, as a server that began building
+    # graphs just after the request was sent; it marks itself busy a moment later.
     servers[silent].shutdown()
     path = socket_path(silent)
     path.unlink(missing_ok=True)
     mute = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     mute.bind(str(path))
     mute.listen(8)
+    marks = threading.Timer(0.3, busy_path(silent).touch)
+    marks.start()
     try:
         memory_store_many(items=[{"agent_id": "a", "content": "the mute server"}])
+        assert busy_path(silent).exists()  # the client waited until then, then asked the other
         assert len(memory_search(query="mute", agent_id="a", limit=5, mode="hybrid")) == 1
         # Both gone: the client says the index is unavailable.
         servers[1 - silent].shutdown()
@@ -136,6 +140,7 @@ def test_a_server_that_does_not_answer_is_passed_over(servers, monkeypatch):
         with pytest.raises(Unavailable):
             index.catch_up()
     finally:
+        marks.cancel()
         mute.close()
 
 

@@ -59,6 +59,7 @@ INT8_QUANTILE = 0.99
 # An index server builds graphs once its catch-ups have added this many points (the dense
 # vectors of 384 float32 that fill HNSW_FULL_SCAN_KB), or deleted as many.
 OPTIMIZE_AFTER_POINTS = HNSW_FULL_SCAN_KB * 1024 // (384 * 4)
+OPTIMIZE_RETRY_POINTS = 500  # after an optimize that found nothing to build
 SLOW_INLINE_OPTIMIZE_SECONDS = 0.5  # logged: the whole process stood still that long
 ROW_FIELDS = (
     "id",
@@ -103,7 +104,7 @@ class Engine(Protocol):
     def upsert(self, points: list[IndexPoint]) -> None: ...
     def delete(self, ids: list[uuid.UUID]) -> None: ...
     def reset(self, dim: int) -> None: ...
-    def optimize(self) -> None: ...
+    def optimize(self) -> bool: ...
     def search(
         self, *, mode: str, dense: list[float], sparse: SparseVector, flt: SearchFilter, limit: int
     ) -> list[tuple[uuid.UUID, float]]: ...
@@ -232,8 +233,9 @@ class EdgeEngine:
         """Index what the updates left in plain segments: qdrant-edge optimizes only when asked,
         and a plain segment is searched by scanning every vector. A no-op costs ~0.1 ms; a
         segment past the optimizer's threshold costs seconds, holding the GIL all along (so
-        a thread of the same process would stall it just the same): see memory.index_server."""
-        self._need_shard().optimize()
+        a thread of the same process would stall it just the same): see memory.index_server.
+        True when it built something."""
+        return bool(self._need_shard().optimize())
 
     def delete(self, ids: list[uuid.UUID]) -> None:
         from qdrant_edge import UpdateOperation
@@ -386,8 +388,9 @@ class ServerEngine:
             self._client.create_payload_index(self._collection, name, schema)
         _save_server_state(self._state_key, {})
 
-    def optimize(self) -> None:
+    def optimize(self) -> bool:
         """Nothing to do: a Qdrant server runs its optimizers in the background."""
+        return False
 
     def upsert(self, points: list[IndexPoint]) -> None:
         from qdrant_client import models
@@ -576,8 +579,12 @@ class VectorIndex:
 
     def optimize(self) -> None:
         with self._lock:
-            self._unoptimized, self._rebuilt = 0, False
-            self.engine.optimize()
+            built = self.engine.optimize()
+            self._rebuilt = False
+            # Nothing built: the plain segment is still below the optimizer's threshold (a
+            # rebuild's points included), so its points still count; try again a little later.
+            retry_at = max(0, OPTIMIZE_AFTER_POINTS - OPTIMIZE_RETRY_POINTS)
+            self._unoptimized = 0 if built else min(self._unoptimized, retry_at)
 
     def rebuild(self) -> None:
         """Drop whatever the engine holds and fill it again from the DB."""

@@ -171,6 +171,27 @@ def test_a_catch_up_without_optimize_inline_only_counts_what_is_due(settings, tm
     index.close()
 
 
+@pytest.mark.django_db(transaction=True)
+def test_points_an_optimize_left_unbuilt_still_count_toward_the_next(
+    settings, tmp_path, monkeypatch
+):
+    """A server starting on a segment just below the optimizer's threshold builds nothing; its
+    points must still count, or the segment would grow past the threshold unbuilt."""
+    settings.DATA_DIR = tmp_path
+    settings.MEMORY_NEAR_DUPLICATE = 1.01
+    monkeypatch.setattr(vector_index, "OPTIMIZE_AFTER_POINTS", 4)
+    monkeypatch.setattr(vector_index, "OPTIMIZE_RETRY_POINTS", 1)
+    memory_store_many(items=[{"agent_id": "a", "content": f"item {n}"} for n in range(3)])
+    index = VectorIndex(EdgeEngine(tmp_path / "edge"), optimize_inline=False)
+    index.catch_up()  # a rebuild of 3 points, far below qdrant-edge's real threshold
+    index.optimize()  # builds nothing
+    assert index._unoptimized == 3 and not index.optimize_due()
+    memory_store_many(items=[{"agent_id": "a", "content": "item 3"}])
+    index.catch_up()
+    assert index.optimize_due()
+    index.close()
+
+
 def test_index_servers_beside_gunicorn_as_deployed(tmp_path):
     """`manage.py memory_index_server` and gunicorn on one data folder: a store is searchable
     at once; one server killed, the other answers; the command stops its servers on SIGTERM."""

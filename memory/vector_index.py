@@ -229,7 +229,7 @@ class EdgeEngine:
             )
         )
 
-    def optimize(self) -> None:
+    def optimize(self) -> bool:
         """Index what the updates left in plain segments: qdrant-edge optimizes only when asked,
         and a plain segment is searched by scanning every vector. A no-op costs ~0.1 ms; a
         segment past the optimizer's threshold costs seconds, holding the GIL all along (so

@@ -72,14 +72,14 @@ def check_vector_index() -> dict[str, Any]:
             # A longer build goes on in the background: rebuilding until it is done.
             build.result(timeout=settings.VECTOR_INDEX_HEALTH_WAIT_SECONDS)  # raises its error
         except FuturesTimeout:
-            return {"status": REBUILDING, "engine": type(index.engine).__name__, "cursor": -1}
+            return {"status": REBUILDING, "engine": index.engine_name, "cursor": -1}
         finally:
             with _build_lock:
                 if build.done() and _build is build:
                     _build = None  # reported: a failed build is tried again next time
     index.catch_up()
     return {
-        "engine": type(index.engine).__name__,
+        "engine": index.engine_name,
         "cursor": index.cursor,
         "lag": revision_state(name="memory")[0] - index.cursor,
     }

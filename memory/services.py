@@ -440,9 +440,7 @@ def memory_reindex(*, batch: int = 64) -> int:
                 )
         redone += len(rows)
     reset_model_check()
-    index = get_vector_index()
-    index.engine.reset(embedder.dim)  # drop whatever it held; the catch-up refills it
-    index.catch_up()
+    get_vector_index().rebuild()  # drop whatever it held and refill it from the DB
     reset_vector_index()
     return redone
 

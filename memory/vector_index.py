@@ -3,6 +3,7 @@
 - EdgeEngine: qdrant-edge, the embedded default. A shard opens in one process only, so each
   process takes a free shard folder under the data folder (a lock file says whose it is) and
   keeps it in step with the DB itself; a restarted process reuses a folder and catches up.
+  With VECTOR_INDEX_SERVERS, only the index servers hold shards (memory.index_server).
 - ServerEngine: a Qdrant server through qdrant-client when QDRANT_URL is set (tests use its
   in-process mode). All processes share it, and its cursor lives in the DB.
 
@@ -16,6 +17,7 @@ import fcntl
 import json
 import logging
 import threading
+import time
 import uuid
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
@@ -54,6 +56,11 @@ HNSW_FULL_SCAN_KB = 10_000
 # 3x faster. Dense searches ask for the hits to be rescored with the float vectors (qdrant does
 # not by default), so the scores and order returned are exact.
 INT8_QUANTILE = 0.99
+# An index server builds graphs once its catch-ups have added this many points (the dense
+# vectors of 384 float32 that fill HNSW_FULL_SCAN_KB), or deleted as many.
+OPTIMIZE_AFTER_POINTS = HNSW_FULL_SCAN_KB * 1024 // (384 * 4)
+OPTIMIZE_RETRY_POINTS = 500  # after an optimize that found nothing to build
+SLOW_INLINE_OPTIMIZE_SECONDS = 0.5  # logged: the whole process stood still that long
 ROW_FIELDS = (
     "id",
     "agent_id",
@@ -97,7 +104,7 @@ class Engine(Protocol):
     def upsert(self, points: list[IndexPoint]) -> None: ...
     def delete(self, ids: list[uuid.UUID]) -> None: ...
     def reset(self, dim: int) -> None: ...
-    def optimize(self) -> None: ...
+    def optimize(self) -> bool: ...
     def search(
         self, *, mode: str, dense: list[float], sparse: SparseVector, flt: SearchFilter, limit: int
     ) -> list[tuple[uuid.UUID, float]]: ...
@@ -231,13 +238,13 @@ class EdgeEngine:
             )
         )
 
-    def optimize(self) -> None:
+    def optimize(self) -> bool:
         """Index what the updates left in plain segments: qdrant-edge optimizes only when asked,
-        and a plain segment is searched by scanning every vector. A no-op costs ~0.1 ms; the
-        catch-up that fills a segment past the optimizer's threshold pays for indexing it, in
-        this thread (the call holds the GIL, so a background thread would stall the process
-        just the same)."""
-        self._need_shard().optimize()
+        and a plain segment is searched by scanning every vector. A no-op costs ~0.1 ms; a
+        segment past the optimizer's threshold costs seconds, holding the GIL all along (so
+        a thread of the same process would stall it just the same): see memory.index_server.
+        True when it built something."""
+        return bool(self._need_shard().optimize())
 
     def delete(self, ids: list[uuid.UUID]) -> None:
         from qdrant_edge import UpdateOperation
@@ -390,8 +397,9 @@ class ServerEngine:
             self._client.create_payload_index(self._collection, name, schema)
         _save_server_state(self._state_key, {})
 
-    def optimize(self) -> None:
+    def optimize(self) -> bool:
         """Nothing to do: a Qdrant server runs its optimizers in the background."""
+        return False
 
     def upsert(self, points: list[IndexPoint]) -> None:
         from qdrant_client import models
@@ -549,13 +557,49 @@ def _save_server_state(key: str, state: dict[str, Any]) -> None:
 
 
 class VectorIndex:
-    def __init__(self, engine: Engine) -> None:
+    """An engine kept in step with the DB.
+
+    With `optimize_inline` (in-process: each web and worker process has its own index) a
+    catch-up also builds the graphs of what it added, in the request that made it. Without (an
+    index server, memory.index_server), points wait in plain segments, which are searched
+    exactly, until the server's optimizer thread calls `optimize` (see `optimize_due`)."""
+
+    def __init__(self, engine: Engine, *, optimize_inline: bool = True) -> None:
         self.engine = engine
+        self.optimize_inline = optimize_inline
         self._lock = threading.Lock()
+        self._unoptimized = 0  # points upserted or deleted since the last optimize
+        self._rebuilt = False  # reset since the last optimize
+
+    @property
+    def engine_name(self) -> str:
+        return type(self.engine).__name__
 
     @property
     def cursor(self) -> int:
         return int(self.engine.load_state().get("cursor", -1))
+
+    def optimize_due(self) -> bool:
+        """Has enough been added since the last optimize for the optimizer to build graphs?
+
+        qdrant-edge indexes a segment once its vectors pass OPTIMIZE_AFTER_POINTS worth of
+        HNSW_FULL_SCAN_KB; a call before that is a no-op, so it is not worth stopping for."""
+        return self._rebuilt or self._unoptimized >= OPTIMIZE_AFTER_POINTS
+
+    def optimize(self) -> None:
+        with self._lock:
+            built = self.engine.optimize()
+            self._rebuilt = False
+            # Nothing built: the plain segment is still below the optimizer's threshold (a
+            # rebuild's points included), so its points still count; try again a little later.
+            retry_at = max(0, OPTIMIZE_AFTER_POINTS - OPTIMIZE_RETRY_POINTS)
+            self._unoptimized = 0 if built else min(self._unoptimized, retry_at)
+
+    def rebuild(self) -> None:
+        """Drop whatever the engine holds and fill it again from the DB."""
+        with self._lock:
+            self.engine.reset(get_embedder().dim)
+            self._catch_up()
 
     def catch_up(self) -> None:
         """Apply what the DB committed since the cursor; rebuild when that cannot be done."""
@@ -579,14 +623,27 @@ class VectorIndex:
             return
         if changes.rebuild:
             self.engine.reset(embedder.dim)
+            self._rebuilt = True
         else:
             gone = list(changes.gone.values_list("point_id", flat=True))
             if gone:
                 self.engine.delete(gone)
+                self._unoptimized += len(gone)
         rows = changes.changed.values_list(*ROW_FIELDS).order_by()
         for chunk in _chunks(rows.iterator(chunk_size=APPLY_CHUNK), APPLY_CHUNK):
             self.engine.upsert([_point(row, embedder.model_name) for row in chunk])
-        self.engine.optimize()
+            self._unoptimized += len(chunk)
+        if self.optimize_inline:
+            started = time.perf_counter()
+            self.engine.optimize()
+            self._unoptimized, self._rebuilt = 0, False
+            took = time.perf_counter() - started
+            if took >= SLOW_INLINE_OPTIMIZE_SECONDS:
+                logger.warning(
+                    "vector index built graphs for %.2f s inside a request, stopping this "
+                    "process meanwhile (VECTOR_INDEX_SERVERS=2 builds them off the request path)",
+                    took,
+                )
         self.engine.save_state({"cursor": changes.upper, "model": embedder.model_name})
 
     @traced(
@@ -724,16 +781,31 @@ def _make_engine() -> Engine:
     return EdgeEngine(settings.DATA_DIR / "qdrant-edge")
 
 
-_index: VectorIndex | None = None
+_index: Any = None  # VectorIndex, or RemoteVectorIndex (memory.index_server)
 _index_lock = threading.Lock()
 
 
-def get_vector_index() -> VectorIndex:
+def get_vector_index() -> Any:
+    """This process's index: its own (in-process), or the index servers' when
+    VECTOR_INDEX_SERVERS is set on the embedded engine. Both answer catch_up, search, rebuild,
+    cursor, engine_name and close."""
     global _index
     with _index_lock:
         if _index is None:
-            _index = VectorIndex(_make_engine())
+            if settings.VECTOR_INDEX_SERVERS and not settings.QDRANT_URL:
+                from .index_server import RemoteVectorIndex
+
+                _index = RemoteVectorIndex(settings.VECTOR_INDEX_SERVERS)
+            else:
+                _index = VectorIndex(_make_engine())
         return _index
+
+
+def set_vector_index(index: VectorIndex) -> None:
+    """Make `index` this process's index (an index server's own)."""
+    global _index
+    with _index_lock:
+        _index = index
 
 
 def reset_vector_index() -> None:

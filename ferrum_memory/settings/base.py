@@ -193,6 +193,10 @@ QDRANT_COLLECTION = env.str("QDRANT_COLLECTION", default="ferrum_memory")
 # How long /health waits for a process's vector index to be (re)built; past it the build goes on
 # in the background and /health answers "degraded", the index "rebuilding".
 VECTOR_INDEX_HEALTH_WAIT_SECONDS = env.float("VECTOR_INDEX_HEALTH_WAIT_SECONDS", default=5.0)
+# Embedded engine only: N > 0 keeps the index in N processes of its own (`manage.py
+# memory_index_server`), which build its graphs off every request's path; 0 gives each web and
+# worker process its own copy, whose graphs are built inside the request that crosses a threshold.
+VECTOR_INDEX_SERVERS = env.int("VECTOR_INDEX_SERVERS", default=0)
 FASTEMBED_MODEL = env.str("FASTEMBED_MODEL", default="sentence-transformers/all-MiniLM-L6-v2")
 # A local folder with the model's files; empty: the default model from its PyPI packages, or
 # fastembed's cache for another model (nothing is downloaded at run time).

@@ -68,6 +68,9 @@ def test_procfile_runs_the_same_processes_as_compose():
     procfile = dict(
         line.split(": ", 1) for line in (ROOT / "Procfile").read_text().splitlines() if line
     )
-    assert set(procfile) == {"web", "worker", "beat"}
-    assert procfile["web"].startswith("gunicorn ferrum_memory.wsgi:application")
+    # Embedded, the vector index runs in processes of its own (compose has a Qdrant server).
+    assert set(procfile) == {"web", "worker", "beat", "index"}
+    assert procfile["web"].startswith("VECTOR_INDEX_SERVERS=2 gunicorn ferrum_memory.wsgi:")
+    assert procfile["worker"].startswith("VECTOR_INDEX_SERVERS=2 celery -A ferrum_memory worker")
+    assert procfile["index"] == "python manage.py memory_index_server --servers 2"
     assert "DatabaseScheduler" in procfile["beat"]

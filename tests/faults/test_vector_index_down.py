@@ -38,7 +38,7 @@ def test_stores_are_accepted_while_the_index_is_down_and_indexed_when_it_returns
         before = store(api_client, "The staging cluster runs in eu-west-1.")
         assert before["indexed"] is True
         engine = get_vector_index().engine
-        server = engine._client  # type: ignore[attr-defined]
+        server = engine._client
         cursor = get_vector_index().cursor
 
         down = QdrantClient(url=f"http://127.0.0.1:{free_port()}", timeout=1)

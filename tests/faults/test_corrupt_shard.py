@@ -102,7 +102,7 @@ def process_folder_closed() -> Path:
     """Store the items (which indexes them in this process's index), close that index as a
     stopped process would, and return its folder, which the next get_vector_index claims."""
     memory_store_many(items=[{"agent_id": AGENT, "content": text} for text in TEXTS])
-    folder: Path = get_vector_index().engine._path  # type: ignore[attr-defined]
+    folder: Path = get_vector_index().engine._path
     assert get_vector_index().cursor >= 0
     vector_index.reset_vector_index()
     return folder
@@ -131,7 +131,7 @@ def test_health_reports_the_index_rebuilding_until_it_is_rebuilt(
         settings.VECTOR_INDEX_HEALTH_WAIT_SECONDS = 0.2
 
         answer = anon_client.get("/health")
-        assert inside.is_set() and get_vector_index().engine._path == folder  # type: ignore[attr-defined]
+        assert inside.is_set() and get_vector_index().engine._path == folder
         assert answer.status_code == 200, answer.json()
         body = answer.json()
         assert body["status"] == "degraded" and body["failed"] == []

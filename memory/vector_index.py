@@ -27,6 +27,7 @@ from django.conf import settings
 
 from ferrum_memory.core.exceptions import Unavailable
 from ferrum_memory.core.revisions import revision_changes
+from ferrum_memory.core.storage import is_disk_full, require_room
 from ferrum_memory.core.telemetry import index_catch_up, traced
 
 from .embeddings import SparseVector, get_embedder
@@ -114,6 +115,10 @@ class Engine(Protocol):
 
 class EdgeEngine:
     def __init__(self, root: Path) -> None:
+        # Loading a shard replays its log into segments through memory maps: on a full disk
+        # that is a SIGBUS, so a process started then waits for room (core/storage.py).
+        root.mkdir(parents=True, exist_ok=True)
+        require_room(root)
         self._root = root
         self._path, self._lock_file = self._claim_folder(root)
         self._shard: Any = None
@@ -162,6 +167,7 @@ class EdgeEngine:
             UpdateOperation,
         )
 
+        require_room(self._path)
         self._close_shard()
         shutil.rmtree(self._path / "shard", ignore_errors=True)
         (self._path / "state.json").unlink(missing_ok=True)
@@ -205,11 +211,17 @@ class EdgeEngine:
             raise Unavailable("The vector index is not built yet.")
         return self._shard
 
+    def _shard_to_write(self) -> Any:
+        """The shard, if the disk has room: a write through its memory maps on a full disk
+        would kill the process (SIGBUS) instead of failing (core/storage.py)."""
+        require_room(self._path)
+        return self._need_shard()
+
     def upsert(self, points: list[IndexPoint]) -> None:
         from qdrant_edge import Point, UpdateOperation
         from qdrant_edge import SparseVector as EdgeSparse
 
-        self._need_shard().update(
+        self._shard_to_write().update(
             UpdateOperation.upsert_points(
                 [
                     Point(
@@ -228,12 +240,12 @@ class EdgeEngine:
         catch-up that fills a segment past the optimizer's threshold pays for indexing it, in
         this thread (the call holds the GIL, so a background thread would stall the process
         just the same)."""
-        self._need_shard().optimize()
+        self._shard_to_write().optimize()
 
     def delete(self, ids: list[uuid.UUID]) -> None:
         from qdrant_edge import UpdateOperation
 
-        self._need_shard().update(UpdateOperation.delete_points([str(i) for i in ids]))
+        self._shard_to_write().update(UpdateOperation.delete_points([str(i) for i in ids]))
 
     def search(
         self, *, mode: str, dense: list[float], sparse: SparseVector, flt: SearchFilter, limit: int
@@ -591,7 +603,7 @@ class VectorIndex:
         # One thread at a time: a shard is not shared between threads mid-update.
         with self._lock:
             try:
-                self._catch_up()
+                self._catch_up_unless_disk_full()
                 if mode == "hybrid":
                     return self._hybrid_search(dense=dense, sparse=sparse, flt=flt, limit=limit)
                 return self.engine.search(
@@ -604,6 +616,16 @@ class VectorIndex:
                     "The vector index (Qdrant server) does not answer: search is unavailable "
                     "until it is back. Stores are still accepted and indexed when it returns."
                 ) from exc
+
+    def _catch_up_unless_disk_full(self) -> None:
+        """Reads go on while the disk is full: the index answers from what it holds and
+        catches up once there is room."""
+        try:
+            self._catch_up()
+        except Exception as exc:
+            if not is_disk_full(exc):
+                raise
+            logger.warning("vector index behind the DB until the disk has room: %s", exc)
 
     def _hybrid_search(
         self, *, dense: list[float], sparse: SparseVector, flt: SearchFilter, limit: int

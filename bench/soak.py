@@ -347,11 +347,15 @@ def sample(svc: Service, db: Database, redis_url: str, samples: Samples, minute:
     for role, pid in svc.pids().items():
         try:
             rss = _status_kb(pid, "VmRSS") / 1024
+            # The heap alone: the kernel drops and maps back shared-library pages (in VmRSS)
+            # as the machine's memory pressure varies, which is no trend of the service's.
+            anon = _status_kb(pid, "RssAnon") / 1024
             fds = len(list(Path(f"/proc/{pid}/fd").iterdir()))
         except FileNotFoundError:
             continue  # exited between the listing and the read
         samples.pids.setdefault(role, set()).add(pid)
         values[f"{role} RSS MB"] = rss
+        values[f"{role} anon MB"] = anon
         values[f"{role} fds"] = fds
     values["database connections"] = db.connections(svc)
     if redis_url:
@@ -598,7 +602,10 @@ def report(
     for name, values in samples.series.items():
         seen = [v for v in values if v is not None]
         slope = slope_per_hour(samples.minutes, values)
-        role = name.rsplit(" ", 2)[0] if name.endswith(("RSS MB", " fds")) else ""
+        # A leak keeps its slope; a warm-up or a one-off step leaves the second half flat.
+        half = len(values) // 2
+        late = slope_per_hour(samples.minutes[half:], values[half:])
+        role = name.rsplit(" ", 2)[0] if name.endswith(("RSS MB", "anon MB", " fds")) else ""
         restarts = len(samples.pids.get(role, ())) - 1 if role else 0
         rows.append(
             (
@@ -609,9 +616,13 @@ def report(
                 f"{max(seen):.1f}",
                 "-" if slope is None else f"{slope:+.1f}",
                 "-" if slope is None or not seen[0] else f"{100 * slope / seen[0]:+.1f}%",
+                "-" if late is None else f"{late:+.1f}",
             )
         )
-    _print_table(("series", "first", "last", "min", "max", "slope per hour", "slope / first"), rows)
+    _print_table(
+        ("series", "first", "last", "min", "max", "slope/h", "slope/h / first", "2nd half slope/h"),
+        rows,
+    )
     print()
     by_op = []
     for op, values in sorted(ledger.latencies.items()):

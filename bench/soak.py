@@ -107,6 +107,8 @@ class SoakClient(LoadClient):
     """load.py's client (one agent, one keep-alive connection, its own session and texts),
     paced, with the operations the soak adds: a memory fetched, a context, TD updates."""
 
+    ledger: SoakLedger
+
     def __init__(self, number: int, pacer: Pacer, *args: Any) -> None:
         super().__init__(number, *args)
         self.pacer = pacer
@@ -279,11 +281,11 @@ class Database:
     @contextmanager
     def connect(self) -> Iterator[Any]:
         if self.name is None:
-            conn = sqlite3.connect(f"file:{self.sqlite_path}?mode=ro", uri=True, timeout=30)
+            lite = sqlite3.connect(f"file:{self.sqlite_path}?mode=ro", uri=True, timeout=30)
             try:
-                yield conn
+                yield lite
             finally:
-                conn.close()
+                lite.close()
         else:
             import psycopg
 
@@ -625,14 +627,14 @@ def report(
     )
     print()
     by_op = []
-    for op, values in sorted(ledger.latencies.items()):
+    for op, times in sorted(ledger.latencies.items()):
         classes: Counter[int] = Counter()
         for (name, status), n in ledger.statuses.items():
             if name == op:
                 classes[status // 100] += n
-        p50, p95 = np.percentile(values, [50, 95]) * 1000
+        p50, p95 = np.percentile(times, [50, 95]) * 1000
         counts = (f"{classes[c]:,}" for c in (2, 4, 5))
-        by_op.append((op, f"{len(values):,}", f"{p50:.0f}", f"{p95:.0f}", *counts))
+        by_op.append((op, f"{len(times):,}", f"{p50:.0f}", f"{p95:.0f}", *counts))
     _print_table(("operation", "requests", "p50 ms", "p95 ms", "2xx", "4xx", "5xx"), by_op)
     print()
     _print_table(

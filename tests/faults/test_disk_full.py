@@ -157,6 +157,9 @@ def test_a_full_disk_refuses_writes_with_507_keeps_reads_and_recovers_by_itself(
     session = web.call("POST", "/session/start", {"agent_id": AGENT, "task": "Release"})
     assert session.status == 201
     sid = session.json()["session_id"]
+    closing = web.call("POST", "/session/start", {"agent_id": AGENT, "task": "Wrap up"})
+    assert closing.status == 201
+    to_close = closing.json()["session_id"]
     updated = web.call(
         "PUT", f"/session/{sid}", {"version": 1, "append_messages": chat("Ship it on Friday.")}
     )
@@ -189,6 +192,8 @@ def test_a_full_disk_refuses_writes_with_507_keeps_reads_and_recovers_by_itself(
             f"/session/{sid}",
             {"version": version, "append_messages": chat("One more turn " + "y" * 20_000)},
         ),
+        # The consolidation row, then the message on the broker file: 507 if either fails.
+        "session close": lambda: web.call("POST", "/session/close", {"session_id": to_close}),
         "td update": lambda: web.call(
             "PUT",
             "/experience/td-error",
@@ -237,6 +242,8 @@ def test_a_full_disk_refuses_writes_with_507_keeps_reads_and_recovers_by_itself(
     assert ledger.store().status == 201
     assert ledger.ingest([experience() for _ in range(5)]).status == 201
     assert web.call("PUT", f"/session/{sid}", {"version": version}).status == 200
+    closed = web.call("POST", "/session/close", {"session_id": to_close})
+    assert closed.status == 202, closed.body  # again, or for the first time: one consolidation
     for word in ledger.memories.values():
         assert found_by_search(web, word), word
     health = web.call("GET", "/health").json()

@@ -48,6 +48,10 @@ def on_starting(server: object) -> None:
     _metrics_dir.mkdir(parents=True)
 
 
+def on_exit(server: object) -> None:
+    shutil.rmtree(_metrics_dir, ignore_errors=True)  # memory, not a file the data folder drops
+
+
 def child_exit(server: object, worker: object) -> None:
     from prometheus_client import multiprocess
 

@@ -1,8 +1,10 @@
 """gunicorn settings for the web process; each one can be overridden on the command line."""
 
 import gc
+import hashlib
 import os
 import shutil
+import tempfile
 from pathlib import Path
 
 from ferrum_memory.core.logs import logging_config
@@ -23,19 +25,31 @@ logconfig_dict = {
 # Off: the app (and tracing, whose export thread does not survive a fork) loads in each worker.
 preload_app = False
 
+
+def _default_metrics_dir() -> str:
+    """Memory, not the data folder: the metric files are sparse and memory-mapped, so a worker
+    writing a new page of one on a full disk dies of SIGBUS, and so does every worker booted
+    after it (tests/faults/test_disk_full.py). One folder per data folder: two services on one
+    host keep their metrics apart."""
+    data_dir = Path(os.environ.get("FERRUM_DATA_DIR", "var")).resolve()
+    shm = Path("/dev/shm")
+    base = shm if shm.is_dir() else Path(tempfile.gettempdir())
+    return str(base / f"ferrum-memory-web-{hashlib.sha256(bytes(data_dir)).hexdigest()[:12]}")
+
+
 # Each worker process has its own Prometheus registry; multiprocess mode makes /metrics add
 # them up. The variable must be set before prometheus_client is imported in the workers.
-_metrics_dir = Path(
-    os.environ.setdefault(
-        "PROMETHEUS_MULTIPROC_DIR",
-        str(Path(os.environ.get("FERRUM_DATA_DIR", "var")).resolve() / "prometheus-web"),
-    )
-)
+_metrics_dir = Path(os.environ.get("PROMETHEUS_MULTIPROC_DIR") or _default_metrics_dir())
+os.environ["PROMETHEUS_MULTIPROC_DIR"] = str(_metrics_dir)
 
 
 def on_starting(server: object) -> None:
     shutil.rmtree(_metrics_dir, ignore_errors=True)
     _metrics_dir.mkdir(parents=True)
+
+
+def on_exit(server: object) -> None:
+    shutil.rmtree(_metrics_dir, ignore_errors=True)  # memory, not a file the data folder drops
 
 
 def child_exit(server: object, worker: object) -> None:

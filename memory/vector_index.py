@@ -29,6 +29,7 @@ from django.conf import settings
 
 from ferrum_memory.core.exceptions import Unavailable
 from ferrum_memory.core.revisions import revision_changes
+from ferrum_memory.core.storage import is_disk_full, require_room
 from ferrum_memory.core.telemetry import index_catch_up, traced
 
 from .embeddings import SparseVector, get_embedder
@@ -121,6 +122,10 @@ class Engine(Protocol):
 
 class EdgeEngine:
     def __init__(self, root: Path) -> None:
+        # Loading a shard replays its log into segments through memory maps: on a full disk
+        # that is a SIGBUS, so a process started then waits for room (core/storage.py).
+        root.mkdir(parents=True, exist_ok=True)
+        require_room(root)
         self._root = root
         self._path, self._lock_file = self._claim_folder(root)
         self._shard: Any = None
@@ -178,6 +183,7 @@ class EdgeEngine:
             UpdateOperation,
         )
 
+        require_room(self._path)
         self._close_shard()
         shutil.rmtree(self._path / "shard", ignore_errors=True)
         (self._path / "state.json").unlink(missing_ok=True)
@@ -221,11 +227,17 @@ class EdgeEngine:
             raise Unavailable("The vector index is not built yet.")
         return self._shard
 
+    def _shard_to_write(self) -> Any:
+        """The shard, if the disk has room: a write through its memory maps on a full disk
+        would kill the process (SIGBUS) instead of failing (core/storage.py)."""
+        require_room(self._path)
+        return self._need_shard()
+
     def upsert(self, points: list[IndexPoint]) -> None:
         from qdrant_edge import Point, UpdateOperation
         from qdrant_edge import SparseVector as EdgeSparse
 
-        self._need_shard().update(
+        self._shard_to_write().update(
             UpdateOperation.upsert_points(
                 [
                     Point(
@@ -244,12 +256,12 @@ class EdgeEngine:
         segment past the optimizer's threshold costs seconds, holding the GIL all along (so
         a thread of the same process would stall it just the same): see memory.index_server.
         True when it built something."""
-        return bool(self._need_shard().optimize())
+        return bool(self._shard_to_write().optimize())
 
     def delete(self, ids: list[uuid.UUID]) -> None:
         from qdrant_edge import UpdateOperation
 
-        self._need_shard().update(UpdateOperation.delete_points([str(i) for i in ids]))
+        self._shard_to_write().update(UpdateOperation.delete_points([str(i) for i in ids]))
 
     def search(
         self, *, mode: str, dense: list[float], sparse: SparseVector, flt: SearchFilter, limit: int
@@ -657,7 +669,7 @@ class VectorIndex:
         # One thread at a time: a shard is not shared between threads mid-update.
         with self._lock:
             try:
-                self._catch_up()
+                self._catch_up_unless_disk_full()
                 if mode == "hybrid":
                     return self._hybrid_search(dense=dense, sparse=sparse, flt=flt, limit=limit)
                 return self.engine.search(
@@ -670,6 +682,16 @@ class VectorIndex:
                     "The vector index (Qdrant server) does not answer: search is unavailable "
                     "until it is back. Stores are still accepted and indexed when it returns."
                 ) from exc
+
+    def _catch_up_unless_disk_full(self) -> None:
+        """Reads go on while the disk is full: the index answers from what it holds and
+        catches up once there is room."""
+        try:
+            self._catch_up()
+        except Exception as exc:
+            if not is_disk_full(exc):
+                raise
+            logger.warning("vector index behind the DB until the disk has room: %s", exc)
 
     def _hybrid_search(
         self, *, dense: list[float], sparse: SparseVector, flt: SearchFilter, limit: int

@@ -12,10 +12,15 @@ from rest_framework.response import Response
 from rest_framework.views import exception_handler
 
 from .parsers import body_too_large
+from .storage import is_disk_full
 
 logger = logging.getLogger(__name__)
 
 DATABASE_FAILED = "The database did not answer this request (connection lost or busy); retry it."
+DISK_FULL = (
+    "The server's storage is full: writes are refused until space is freed, reads still work, "
+    "and nothing already acknowledged is lost. Retry the write later."
+)
 
 
 class ServiceError(Exception):
@@ -57,6 +62,12 @@ class Unavailable(ServiceError):
     status_code = status.HTTP_503_SERVICE_UNAVAILABLE
 
 
+class StorageFull(ServiceError):
+    """No space left where the data lives: 507 Insufficient Storage (RFC 4918), retry later."""
+
+    status_code = status.HTTP_507_INSUFFICIENT_STORAGE
+
+
 def _transient(exc: OperationalError) -> bool:
     """On PostgreSQL an OperationalError is the connection or the server; SQLite also raises it
     for bugs ("no such table"), which must stay 500s: there only a busy database is transient."""
@@ -64,6 +75,9 @@ def _transient(exc: OperationalError) -> bool:
 
 
 def api_exception_handler(exc: Exception, context: dict[str, Any]) -> Response | None:
+    if not isinstance(exc, ServiceError) and is_disk_full(exc):
+        logger.warning("storage full, write refused with 507: %s", exc)
+        exc = StorageFull(DISK_FULL)
     if isinstance(exc, ServiceError):
         headers = (
             {"Retry-After": str(exc.retry_after)} if isinstance(exc, TooManyRequests) else None

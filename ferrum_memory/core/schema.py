@@ -100,6 +100,13 @@ _AUTHENTICATED = [
 ]
 _WITH_BODY = [("400", "Invalid input, with errors per field.", _FIELD_ERRORS)]
 _WITH_PATH = [("404", "Not found.", _DETAIL)]
+_WRITING = [
+    (
+        "507",
+        "The server's storage is full: nothing was written; reads still work. Retry later.",
+        _DETAIL,
+    )
+]
 
 
 def _is_any(schema: Any) -> bool:
@@ -250,10 +257,12 @@ def document_error_responses(result: dict[str, Any], **kwargs: Any) -> dict[str,
         "additionalProperties": True,
     }
     for path_item in result["paths"].values():
-        for operation in path_item.values():
+        for method, operation in path_item.items():
             shared = []
             if any(requirement for requirement in operation.get("security", [])):
                 shared += _AUTHENTICATED
+                if method != "get":
+                    shared += _WRITING  # core/storage.py: a full disk
             parameters = operation.get("parameters", [])
             if "requestBody" in operation or any(p["in"] == "query" for p in parameters):
                 shared += _WITH_BODY

@@ -2,6 +2,7 @@
 database, and a redis-server of the test's own that the test stops and starts again."""
 
 import http.client
+import os
 import shutil
 import socket
 import subprocess
@@ -200,3 +201,22 @@ def worker_process(tmp_path: Path, name: str, **env: str) -> Iterator[subprocess
         yield worker
     finally:
         stop_process(worker, timeout=20)
+
+
+@contextmanager
+def small_filesystem(path: Path, megabytes: int) -> Iterator[Path]:
+    """A tmpfs of `megabytes` mounted at `path`, unmounted at the end. Mounting needs root: CI
+    runs as root, so there a refusal fails the test instead of skipping it."""
+    path.mkdir(parents=True, exist_ok=True)
+    mount = ["mount", "-t", "tmpfs", "-o", f"size={megabytes}m,mode=0700", "tmpfs", str(path)]
+    mounted = subprocess.run(mount, capture_output=True, text=True)
+    if mounted.returncode != 0:
+        message = f"cannot mount a tmpfs at {path}: {mounted.stderr.strip()}"
+        if os.environ.get("CI") == "true":
+            pytest.fail(message)
+        pytest.skip(message)
+    try:
+        yield path
+    finally:
+        # Lazy: a process the test failed to stop cannot keep the mount (or the machine's RAM).
+        subprocess.run(["umount", "--lazy", str(path)], check=True)

@@ -31,9 +31,11 @@ from typing import Any
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
-for path in (ROOT, ROOT / "bench"):
-    if str(path) not in sys.path:
-        sys.path.insert(0, str(path))
+# This file's folder goes after the standard library's, so "http" stays the stdlib's package
+# (bench/http.py would shadow it).
+sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != ROOT / "bench"]
+sys.path.insert(0, str(ROOT))
+sys.path.append(str(ROOT / "bench"))
 
 from retrieval import (  # noqa: E402 - after the path set-up
     LOCOMO_CATEGORIES,
@@ -276,6 +278,12 @@ class Bench:
         session_weight: float = 0.0,
         prf: float = 0.0,
         names_weight: float = 1.0,
+        context_top: int = 0,
+        session_cap: int = 0,
+        bm25_prf: int = 0,
+        graph: float = 0.0,
+        short_dense: float = 0.0,
+        window: float = 0.0,
     ) -> Run:
         matrix, model = self.bm25[bm25]
         ranked = []
@@ -286,6 +294,8 @@ class Bench:
             if sentence:
                 dense = (1 - sentence) * dense + sentence * self.best_sentence(query, docs)
             sparse = bm25_scores(matrix, model, text)[docs]
+            if window:
+                dense = (1 - window) * dense + window * self.best_window(query, docs)
             if names_weight != 1.0:
                 sparse = (
                     sparse + (names_weight - 1.0) * bm25_scores(matrix, model, _names(text))[docs]
@@ -300,17 +310,66 @@ class Bench:
             top_dense = np.argsort(-dense, kind="stable")[:PREFETCH]
             by_sparse = np.argsort(-sparse, kind="stable")[:PREFETCH]
             pool = np.unique(np.concatenate([top_dense, by_sparse[sparse[by_sparse] > 0]]))
-            fused = zfuse(pool, dense, sparse, weights=(dense_weight, 1.0))
+            weight = dense_weight
+            if short_dense and len(set(model.embed_query(text).indices)) <= 2:
+                weight = short_dense
+            fused = zfuse(pool, dense, sparse, weights=(weight, 1.0))
+            if bm25_prf:
+                # RM3-like: the top 3 fused docs' most weighted terms join the BM25 query
+                top = pool[np.argsort(-fused)[:3]]
+                extra = " ".join(_top_terms(self.ds.docs[docs[t]], text, bm25_prf) for t in top)
+                sparse = sparse + 0.3 * bm25_scores(matrix, model, extra)[docs]
+                fused = zfuse(pool, dense, sparse, weights=(weight, 1.0))
+            if graph:
+                # corpus-graph smoothing: each pooled doc gains `graph` x the mean fused score
+                # of its 3 most similar pooled docs (by embedding)
+                vecs = self.docs[docs[pool]]
+                sim = vecs @ vecs.T
+                np.fill_diagonal(sim, -1)
+                near = np.argsort(-sim, axis=1)[:, :3]
+                fused = fused + graph * (fused[near].mean(axis=1) - fused.min())
             if prf:
                 top = pool[np.argsort(-fused)[:3]]
                 moved = query + prf * self.docs[docs[top]].mean(axis=0)
                 moved /= np.linalg.norm(moved)
                 dense2 = self.docs[docs] @ moved
                 fused = zfuse(pool, dense2, sparse, weights=(dense_weight, 1.0))
+            if context_top:
+                # the service: the index hands back the top `context_top` of the fused pool
+                keep = np.argsort(-fused, kind="stable")[:context_top]
+                pool, fused = pool[keep], fused[keep]
             if neighbour or session_weight:
                 fused = self._context(docs, pool, fused, neighbour, session_weight)
-            ranked.append(docs[pool[np.argsort(-fused, kind="stable")]])
+            order = docs[pool[np.argsort(-fused, kind="stable")]]
+            if session_cap:
+                order = self._cap_sessions(order, session_cap)
+            ranked.append(order)
         return Run(name, ranked)
+
+    def best_window(self, query: np.ndarray, docs: np.ndarray) -> np.ndarray:
+        """Each doc's best window of two consecutive sentences (mean of their vectors)."""
+        if not hasattr(self, "windows"):
+            same = self.owner[1:] == self.owner[:-1]
+            pairs = self.sent[1:][same] + self.sent[:-1][same]
+            pairs /= np.linalg.norm(pairs, axis=1, keepdims=True)
+            self.windows = np.concatenate([self.sent, pairs])
+            self.window_owner = np.concatenate([self.owner, self.owner[1:][same]])
+        scores = np.full(len(self.docs), -1.0)
+        np.maximum.at(scores, self.window_owner, self.windows @ query)
+        return scores[docs]
+
+    def _cap_sessions(self, order: np.ndarray, cap: int) -> np.ndarray:
+        """At most `cap` items of one session in the top 10; the rest move down."""
+        seen: dict[str, int] = defaultdict(int)
+        first, later = [], []
+        for doc in order:
+            session = self.ds.doc_session[doc]
+            if session and seen[session] >= cap and len(first) < 10:
+                later.append(doc)
+                continue
+            seen[session] += 1
+            (first if len(first) < 10 else later).append(doc)
+        return np.array(first + later, dtype=order.dtype)
 
     def _context(
         self,
@@ -339,6 +398,20 @@ class Bench:
                 other = others[1] if others[0] == fused[i] and len(others) > 1 else others[0]
                 out[i] += session * ((other - floor) if len(others) > 1 else 0.0)
         return out
+
+
+STOP = {"the", "a", "an", "and", "or", "of", "to", "in", "is", "was", "for", "on", "with", "that"}
+
+
+def _top_terms(doc: str, query: str, n: int) -> str:
+    """The doc's `n` most frequent words of 4+ letters not in the query (RM3's feedback terms,
+    roughly)."""
+    have = set(re.findall(r"\w+", query.lower()))
+    counts: dict[str, int] = defaultdict(int)
+    for word in re.findall(r"[a-z]{4,}", doc.lower()):
+        if word not in have and word not in STOP:
+            counts[word] += 1
+    return " ".join(sorted(counts, key=lambda w: -counts[w])[:n])
 
 
 NAME = re.compile(r"(?<!^)(?<![.?!] )\b[A-Z][a-z]+")
@@ -376,15 +449,33 @@ def levers(bench: Bench) -> list[Run]:
         bench.bm25[name] = bm25_matrix(bench.ds, config)
         runs.append(bench.run(name, bm25=name))
     runs.append(bench.run("neighbour 0.3 + sentence 0.3", neighbour=0.3, sentence=0.3))
+    runs.append(bench.run("neighbour 0.3 + session 0.1", neighbour=0.3, session_weight=0.1))
+    # As the service builds it: the index hands back the top 50 of the fused pool, and an
+    # adjacent turn outside them counts as the lowest of those 50.
+    for weight in (0.2, 0.3, 0.4):
+        runs.append(
+            bench.run(f"neighbour {weight}, top 50 (service)", neighbour=weight, context_top=50)
+        )
     runs.append(
         bench.run(
-            "neighbour 0.3 + sentence 0.3 + k1 0.9 b 0.4",
-            neighbour=0.3,
-            sentence=0.3,
-            bm25="BM25 k1 0.9 b 0.4",
+            "neighbour 0.3 top 50 + session 0.1", neighbour=0.3, session_weight=0.1, context_top=50
         )
     )
-    runs.append(bench.run("neighbour 0.3 + session 0.1", neighbour=0.3, session_weight=0.1))
+    for cap in (2, 3):
+        runs.append(
+            bench.run(
+                f"neighbour 0.3 top 50 + at most {cap} per session in top 10",
+                neighbour=0.3,
+                context_top=50,
+                session_cap=cap,
+            )
+        )
+        runs.append(bench.run(f"at most {cap} per session in top 10", session_cap=cap))
+    runs.append(bench.run("BM25 PRF (5 terms of top 3, x0.3)", bm25_prf=5))
+    for weight in (0.1, 0.2):
+        runs.append(bench.run(f"corpus graph {weight} (3 nearest pooled)", graph=weight))
+    runs.append(bench.run("short queries (<= 2 terms): dense weight 1.5", short_dense=1.5))
+    runs.append(bench.run("sentence windows 0.3 (1-2 sentences)", window=0.3))
     return runs
 
 

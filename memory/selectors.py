@@ -18,7 +18,7 @@ from ferrum_memory.core.telemetry import traced
 
 from .embeddings import Embedder, get_embedder, get_reranker
 from .models import MemoryEvent, MemoryItem
-from .vector_index import SearchFilter, get_vector_index
+from .vector_index import PREFETCH, SearchFilter, get_vector_index
 
 # Candidates a reranker reorders, per result asked for.
 RERANK_POOL = 3
@@ -108,6 +108,51 @@ def term_share(embedder: Embedder, query_terms: set[int], content: str) -> float
     return len(query_terms & set(embedder.sparse_document(content).indices)) / len(query_terms)
 
 
+# Neighbour context (hybrid search): a turn of a conversation is often found through the turns
+# around it (the question names what the previous turn said, the answer is in the next). Each
+# hit with a session and a position gains NEIGHBOUR_WEIGHT times how far the best of its two
+# adjacent items (same session, position one before or after) scores above the lowest fused
+# score seen: the top CONTEXT_POOL of the fused pool, which the index hands back for this. An
+# adjacent item not among them adds nothing, so items without a session rank as fused.
+# Measured in bench/levers.py on LoCoMo (turn recall@10 0.751 -> 0.787) and SciFact
+# (unchanged: no sessions); 0.3 was the best of 0.2 to 0.5.
+NEIGHBOUR_WEIGHT = 0.3
+CONTEXT_POOL = PREFETCH
+
+
+def session_places(point_ids: Sequence[Any]) -> dict[Any, tuple[str, int]]:
+    """(session, position) of those of the items that have both."""
+    rows = (
+        MemoryItem.objects.filter(pk__in=point_ids, position__isnull=False)
+        .exclude(session_id="")
+        .values_list("pk", "session_id", "position")
+    )
+    return {pk: (session, position) for pk, session, position in rows}
+
+
+def neighbour_context(
+    hits: Sequence[tuple[Any, float]], places: dict[Any, tuple[str, int]], weight: float
+) -> list[tuple[Any, float]]:
+    """`hits` (point id, fused score) re-scored by their adjacent items' scores, best first;
+    `places` holds each hit's (session, position) when it has both."""
+    if not hits:
+        return []
+    floor = min(score for _, score in hits)
+    score_at = {places[pk]: score for pk, score in hits if pk in places}
+    rescored = []
+    for pk, score in hits:
+        if pk in places:
+            session, position = places[pk]
+            around = max(
+                score_at.get((session, position - 1), floor),
+                score_at.get((session, position + 1), floor),
+            )
+            score += weight * (around - floor)
+        rescored.append((pk, score))
+    # Stable: hits that gain nothing keep the fused order among themselves.
+    return sorted(rescored, key=lambda hit: hit[1], reverse=True)
+
+
 @dataclass(frozen=True)
 class MemoryHit:
     item: MemoryItem
@@ -164,9 +209,17 @@ def memory_search(
     # Embedded in every mode: the cosine is half of every hit's relevance.
     dense = embedder.embed_query(query)
     sparse = embedder.sparse_query(query)
+    context = mode == "hybrid" and NEIGHBOUR_WEIGHT > 0
     hits = get_vector_index().search(
-        mode=mode, dense=dense.tolist(), sparse=sparse, flt=flt, limit=pool
+        mode=mode,
+        dense=dense.tolist(),
+        sparse=sparse,
+        flt=flt,
+        limit=max(pool, CONTEXT_POOL) if context else pool,
     )
+    if context:
+        places = session_places([pk for pk, _ in hits])
+        hits = neighbour_context(hits, places, NEIGHBOUR_WEIGHT)[:pool]
     # By primary key only: with an agent filter SQLite picks the agent index and reads every
     # row the agent has. The index already filtered agent and expiry; the DB has the last word.
     rows = MemoryItem.objects.in_bulk([pk for pk, _ in hits])

@@ -74,6 +74,7 @@ class MemoryOutSerializer(serializers.ModelSerializer):
             "point_id",
             "agent_id",
             "session_id",
+            "position",
             "kind",
             "source",
             "content",
@@ -87,6 +88,12 @@ class MemoryOutSerializer(serializers.ModelSerializer):
             "embedding_model",
             "version",
         ]
+        extra_kwargs = {
+            "position": {
+                "help_text": "Its order within its session (0 first: the order the session's "
+                "items were stored in, a batch's in the order given); null without a session."
+            }
+        }
 
 
 class MemoryListQuerySerializer(serializers.Serializer):

@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import re
 import sys
 import tempfile
@@ -361,7 +362,8 @@ class Bench:
     def _cap_sessions(self, order: np.ndarray, cap: int) -> np.ndarray:
         """At most `cap` items of one session in the top 10; the rest move down."""
         seen: dict[str, int] = defaultdict(int)
-        first, later = [], []
+        first: list[int] = []
+        later: list[int] = []
         for doc in order:
             session = self.ds.doc_session[doc]
             if session and seen[session] >= cap and len(first) < 10:
@@ -422,60 +424,70 @@ def _names(text: str) -> str:
     return " ".join(NAME.findall(text))
 
 
-def levers(bench: Bench) -> list[Run]:
-    from qdrant_edge import Bm25Config
+BM25_VARIANTS: dict[str, dict[str, Any]] = {
+    "BM25 avg_len 64": {"avg_len": 64.0},
+    "BM25 k1 0.9 b 0.4": {"k": 0.9, "b": 0.4},
+    "BM25 k1 1.5": {"k": 1.5},
+}
 
-    runs = [
-        bench.run("hybrid (baseline)"),
-        bench.run("dense", mode="dense"),
-        bench.run("sparse", mode="sparse"),
+
+def lever_specs() -> list[tuple[str, dict[str, Any]]]:
+    """(name, Bench.run's options) of every lever, the baseline and single modes first."""
+    specs: list[tuple[str, dict[str, Any]]] = [
+        ("hybrid (baseline)", {}),
+        ("dense", {"mode": "dense"}),
+        ("sparse", {"mode": "sparse"}),
     ]
-    for weight in (0.7, 1.3):
-        runs.append(bench.run(f"fusion: dense weight {weight}", dense_weight=weight))
-    for share in (0.3, 0.5):
-        runs.append(bench.run(f"sentence vectors: {share} best sentence", sentence=share))
-    for weight in (0.3, 0.5):
-        runs.append(bench.run(f"neighbour turns {weight}", neighbour=weight))
-    runs.append(bench.run("session context 0.2", session_weight=0.2))
-    runs.append(bench.run("dense PRF 0.5 (top 3)", prf=0.5))
-    runs.append(bench.run("names x2 in BM25 query", names_weight=2.0))
-    variants: dict[str, dict[str, Any]] = {
-        "BM25 avg_len 64": {"avg_len": 64.0},
-        "BM25 k1 0.9 b 0.4": {"k": 0.9, "b": 0.4},
-        "BM25 k1 1.5": {"k": 1.5},
-    }
-    for name, options in variants.items():
-        config = Bm25Config(**options)
-        bench.bm25[name] = bm25_matrix(bench.ds, config)
-        runs.append(bench.run(name, bm25=name))
-    runs.append(bench.run("neighbour 0.3 + sentence 0.3", neighbour=0.3, sentence=0.3))
-    runs.append(bench.run("neighbour 0.3 + session 0.1", neighbour=0.3, session_weight=0.1))
+    specs += [(f"fusion: dense weight {w}", {"dense_weight": w}) for w in (0.7, 1.3)]
+    specs += [(f"sentence vectors: {w} best sentence", {"sentence": w}) for w in (0.3, 0.5)]
+    specs += [(f"neighbour turns {w}", {"neighbour": w}) for w in (0.3, 0.5)]
+    specs += [
+        ("session context 0.2", {"session_weight": 0.2}),
+        ("dense PRF 0.5 (top 3)", {"prf": 0.5}),
+        ("names x2 in BM25 query", {"names_weight": 2.0}),
+    ]
+    specs += [(name, {"bm25": name}) for name in BM25_VARIANTS]
+    specs += [
+        ("neighbour 0.3 + sentence 0.3", {"neighbour": 0.3, "sentence": 0.3}),
+        ("neighbour 0.3 + session 0.1", {"neighbour": 0.3, "session_weight": 0.1}),
+    ]
     # As the service builds it: the index hands back the top 50 of the fused pool, and an
     # adjacent turn outside them counts as the lowest of those 50.
-    for weight in (0.2, 0.3, 0.4):
-        runs.append(
-            bench.run(f"neighbour {weight}, top 50 (service)", neighbour=weight, context_top=50)
-        )
-    runs.append(
-        bench.run(
-            "neighbour 0.3 top 50 + session 0.1", neighbour=0.3, session_weight=0.1, context_top=50
-        )
-    )
+    service = {"neighbour": 0.3, "context_top": 50}
+    specs += [
+        (f"neighbour {w}, top 50 (service)", {"neighbour": w, "context_top": 50})
+        for w in (0.2, 0.3, 0.4)
+    ]
+    specs.append(("neighbour 0.3 top 50 + session 0.1", {**service, "session_weight": 0.1}))
     for cap in (2, 3):
-        runs.append(
-            bench.run(
-                f"neighbour 0.3 top 50 + at most {cap} per session in top 10",
-                neighbour=0.3,
-                context_top=50,
-                session_cap=cap,
-            )
+        specs.append((f"at most {cap} per session in top 10", {"session_cap": cap}))
+        specs.append(
+            (f"neighbour 0.3 top 50 + at most {cap} per session", {**service, "session_cap": cap})
         )
-        runs.append(bench.run(f"at most {cap} per session in top 10", session_cap=cap))
-    runs.append(bench.run("BM25 PRF (5 terms of top 3, x0.3)", bm25_prf=5))
-    for weight in (0.1, 0.2):
-        runs.append(bench.run(f"corpus graph {weight} (3 nearest pooled)", graph=weight))
-    runs.append(bench.run("short queries (<= 2 terms): dense weight 1.5", short_dense=1.5))
-    runs.append(bench.run("sentence windows 0.3 (1-2 sentences)", window=0.3))
+    specs += [
+        ("BM25 PRF (5 terms of top 3, x0.3)", {"bm25_prf": 5}),
+        ("corpus graph 0.1 (3 nearest pooled)", {"graph": 0.1}),
+        ("corpus graph 0.2 (3 nearest pooled)", {"graph": 0.2}),
+        ("short queries (<= 2 terms): dense weight 1.5", {"short_dense": 1.5}),
+        ("sentence windows 0.3 (1-2 sentences)", {"window": 0.3}),
+        ("neighbour 0.3 top 50 + BM25 k1 0.9 b 0.4", {**service, "bm25": "BM25 k1 0.9 b 0.4"}),
+        ("neighbour 0.3 top 50 + sentence 0.3", {**service, "sentence": 0.3}),
+    ]
+    return specs
+
+
+def levers(bench: Bench, only: Sequence[str] = ()) -> list[Run]:
+    """The levers' runs; with `only`, the first three and those whose name holds one of them."""
+    from qdrant_edge import Bm25Config
+
+    runs = []
+    for i, (name, options) in enumerate(lever_specs()):
+        if only and i >= 3 and not any(part in name for part in only):
+            continue
+        variant = options.get("bm25", "default")
+        if variant not in bench.bm25:
+            bench.bm25[variant] = bm25_matrix(bench.ds, Bm25Config(**BM25_VARIANTS[variant]))
+        runs.append(bench.run(name, **options))
     return runs
 
 
@@ -504,7 +516,9 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--embed-only", action="store_true")
     parser.add_argument("--datasets", default="locomo,scifact")
+    parser.add_argument("--only", default="", help="comma-separated parts of lever names")
     args = parser.parse_args()
+    only = [part for part in args.only.split(",") if part]
     loaders = {"locomo": load_locomo, "scifact": load_scifact}
     with tempfile.TemporaryDirectory(prefix="ferrum-levers-") as data_dir:
         setup_django(data_dir)
@@ -515,7 +529,8 @@ def main() -> None:
                 continue
             start = time.perf_counter()
             bench = Bench(ds, vectors)
-            report(bench, levers(bench))
+            report(bench, levers(bench, only))
+            print(f"load average {os.getloadavg()[0]:.1f}")
             print(f"\n({time.perf_counter() - start:.0f} s)")
 
 

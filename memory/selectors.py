@@ -127,7 +127,7 @@ def session_places(point_ids: Sequence[Any]) -> dict[Any, tuple[str, int]]:
         .exclude(session_id="")
         .values_list("pk", "session_id", "position")
     )
-    return {pk: (session, position) for pk, session, position in rows}
+    return {pk: (session, position) for pk, session, position in rows if position is not None}
 
 
 def neighbour_context(

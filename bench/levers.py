@@ -285,6 +285,8 @@ class Bench:
         graph: float = 0.0,
         short_dense: float = 0.0,
         window: float = 0.0,
+        variant: str = "",
+        spread: int = 0,
     ) -> Run:
         matrix, model = self.bm25[bm25]
         ranked = []
@@ -340,10 +342,12 @@ class Bench:
                 keep = np.argsort(-fused, kind="stable")[:context_top]
                 pool, fused = pool[keep], fused[keep]
             if neighbour or session_weight:
-                fused = self._context(docs, pool, fused, neighbour, session_weight)
+                fused = self._context(docs, pool, fused, neighbour, session_weight, variant)
             order = docs[pool[np.argsort(-fused, kind="stable")]]
             if session_cap:
                 order = self._cap_sessions(order, session_cap)
+            if spread:
+                order = self._spread_sessions(order, spread)
             ranked.append(order)
         return Run(name, ranked)
 
@@ -358,6 +362,26 @@ class Bench:
         scores = np.full(len(self.docs), -1.0)
         np.maximum.at(scores, self.window_owner, self.windows @ query)
         return scores[docs]
+
+    def _spread_sessions(self, order: np.ndarray, sessions: int) -> np.ndarray:
+        """At least `sessions` distinct sessions in the top 10: from the bottom of the top 10 up,
+        a hit of an already shown session gives its place to the best hit of a new one."""
+        top, rest = list(order[:10]), list(order[10:])
+        shown = {self.ds.doc_session[d] for d in top}
+        for slot in range(9, -1, -1):
+            if len(shown) >= sessions:
+                break
+            doc = top[slot]
+            if sum(self.ds.doc_session[d] == self.ds.doc_session[doc] for d in top) < 2:
+                continue
+            new = next((d for d in rest if self.ds.doc_session[d] not in shown), None)
+            if new is None:
+                break
+            rest.remove(new)
+            top[slot] = new
+            rest.insert(0, doc)
+            shown = {self.ds.doc_session[d] for d in top}
+        return np.array(top + rest, dtype=order.dtype)
 
     def _cap_sessions(self, order: np.ndarray, cap: int) -> np.ndarray:
         """At most `cap` items of one session in the top 10; the rest move down."""
@@ -380,6 +404,7 @@ class Bench:
         fused: np.ndarray,
         neighbour: float,
         session: float,
+        variant: str = "",
     ) -> np.ndarray:
         """A pooled item's score plus `neighbour` times its best adjacent turn's score (when in
         the pool) and `session` times its session's best other score in the pool."""
@@ -391,9 +416,12 @@ class Bench:
             best[self.ds.doc_session[doc]].append(value)
         for i, doc in enumerate(docs[pool]):
             if neighbour:
-                around = [
-                    score.get(int(n), floor) for n in (self.prev[doc], self.next[doc]) if n >= 0
-                ]
+                sides = (
+                    (self.prev[doc],) if variant == "previous" else (self.prev[doc], self.next[doc])
+                )
+                around = [score.get(int(n), floor) for n in sides if n >= 0]
+                if variant == "better":  # only a neighbour scoring above the item lifts it
+                    around = [value for value in around if value > fused[i]]
                 out[i] += neighbour * (max(around) - floor if around else 0.0)
             if session and self.ds.doc_session[doc]:
                 others = sorted(best[self.ds.doc_session[doc]], reverse=True)
@@ -459,6 +487,18 @@ def lever_specs() -> list[tuple[str, dict[str, Any]]]:
         for w in (0.2, 0.3, 0.4)
     ]
     specs.append(("neighbour 0.3 top 50 + session 0.1", {**service, "session_weight": 0.1}))
+    for n in (3, 4, 5):
+        specs.append(
+            (f"neighbour 0.3 top 50 + at least {n} sessions in top 10", {**service, "spread": n})
+        )
+    specs.append(("neighbour 0.3 top 50, previous turn only", {**service, "variant": "previous"}))
+    specs.append(("neighbour 0.3 top 50, better neighbour only", {**service, "variant": "better"}))
+    specs.append(
+        (
+            "neighbour 0.5 top 50, better neighbour only",
+            {**service, "neighbour": 0.5, "variant": "better"},
+        )
+    )
     for cap in (2, 3):
         specs.append((f"at most {cap} per session in top 10", {"session_cap": cap}))
         specs.append(

@@ -8,6 +8,7 @@ from typing import Any
 from uuid import UUID
 
 import numpy as np
+from django.conf import settings
 from django.db import connection
 from django.db.models import BooleanField, Count, Q, QuerySet
 from django.db.models.expressions import RawSQL
@@ -110,14 +111,14 @@ def term_share(embedder: Embedder, query_terms: set[int], content: str) -> float
 
 # Neighbour context (hybrid search): a turn of a conversation is often found through the turns
 # around it (the question names what the previous turn said, the answer is in the next). Each
-# hit with a session and a position gains NEIGHBOUR_WEIGHT times how far the best of its two
-# adjacent items (same session, position one before or after) scores above the lowest fused
-# score seen: the top CONTEXT_POOL of the fused pool, which the index hands back for this. An
-# adjacent item not among them adds nothing, so items without a session rank as fused.
-# Measured through the service (bench/retrieval.py, LoCoMo): turn recall@10 0.751 -> 0.774,
-# strict 0.676 -> 0.704, session recall@10 0.945 -> 0.938 (turns of one session crowd the top
-# 10); SciFact unchanged (no sessions). bench/levers.py: 0.3 is the best of 0.2 to 0.5.
-NEIGHBOUR_WEIGHT = 0.3
+# hit with a session and a position gains MEMORY_NEIGHBOUR_WEIGHT (a setting, 0.3) times how
+# far the best of its two adjacent items (same session, position one before or after) scores
+# above the lowest fused score seen: the top CONTEXT_POOL of the fused pool, which the index
+# hands back for this. An adjacent item not among them adds nothing, so items without a
+# session rank as fused. Measured through the service (bench/retrieval.py, LoCoMo): turn
+# recall@10 0.751 -> 0.774, strict 0.676 -> 0.704, session recall@10 0.945 -> 0.938 (turns of
+# one session crowd the top 10); SciFact unchanged (no sessions). bench/levers.py: 0.3 is the
+# best of 0.2 to 0.5.
 CONTEXT_POOL = PREFETCH
 
 
@@ -210,7 +211,8 @@ def memory_search(
     # Embedded in every mode: the cosine is half of every hit's relevance.
     dense = embedder.embed_query(query)
     sparse = embedder.sparse_query(query)
-    context = mode == "hybrid" and NEIGHBOUR_WEIGHT > 0
+    neighbour_weight = settings.MEMORY_NEIGHBOUR_WEIGHT
+    context = mode == "hybrid" and neighbour_weight > 0
     hits = get_vector_index().search(
         mode=mode,
         dense=dense.tolist(),
@@ -220,7 +222,7 @@ def memory_search(
     )
     if context:
         places = session_places([pk for pk, _ in hits])
-        hits = neighbour_context(hits, places, NEIGHBOUR_WEIGHT)[:pool]
+        hits = neighbour_context(hits, places, neighbour_weight)[:pool]
     # By primary key only: with an agent filter SQLite picks the agent index and reads every
     # row the agent has. The index already filtered agent and expiry; the DB has the last word.
     rows = MemoryItem.objects.in_bulk([pk for pk, _ in hits])

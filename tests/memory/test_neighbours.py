@@ -6,13 +6,11 @@ import uuid
 import pytest
 from django.apps import apps
 
-from memory import selectors
 from memory.models import MemoryItem
 from memory.selectors import memory_search, neighbour_context
 from memory.services import memory_store_many
 
 pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("vector_engine")]
-DEFAULT_WEIGHT = selectors.NEIGHBOUR_WEIGHT
 
 
 def positions(agent_id="a"):
@@ -87,17 +85,19 @@ OTHERS = [
 ]
 
 
-def ranked(query, monkeypatch, weight):
-    monkeypatch.setattr(selectors, "NEIGHBOUR_WEIGHT", weight)
+def ranked(query, settings, weight):
+    settings.MEMORY_NEIGHBOUR_WEIGHT = weight
     return [hit.item.content for hit in memory_search(query=query, agent_id="a", limit=10)]
 
 
-def test_a_turn_is_found_through_the_turn_before_it(monkeypatch):
+def test_a_turn_is_found_through_the_turn_before_it(settings):
+    default = settings.MEMORY_NEIGHBOUR_WEIGHT
+    assert default > 0
     memory_store_many(items=[{"agent_id": "a", "content": c} for c in OTHERS])
     memory_store_many(items=[{"agent_id": "a", "session_id": "talk", "content": c} for c in TALK])
     query = "What did Caroline bring to the potluck at the community garden?"
-    without = ranked(query, monkeypatch, 0.0)
-    with_context = ranked(query, monkeypatch, DEFAULT_WEIGHT)
+    without = ranked(query, settings, 0.0)
+    with_context = ranked(query, settings, default)
     # The answer shares few words with the question; the question before it shares many.
     assert without[0] == TALK[0] and with_context[0] == TALK[0]
     assert without.index(TALK[1]) > 2 and with_context.index(TALK[1]) == 2, (without, with_context)
@@ -105,13 +105,14 @@ def test_a_turn_is_found_through_the_turn_before_it(monkeypatch):
     assert [c for c in with_context if c in OTHERS] == [c for c in without if c in OTHERS]
 
 
-def test_only_hybrid_search_uses_the_context(monkeypatch):
+def test_only_hybrid_search_uses_the_context(settings):
+    default = settings.MEMORY_NEIGHBOUR_WEIGHT
     memory_store_many(items=[{"agent_id": "a", "content": c} for c in OTHERS])
     memory_store_many(items=[{"agent_id": "a", "session_id": "talk", "content": c} for c in TALK])
     query = "What did Caroline bring to the potluck at the community garden?"
     for mode in ("dense", "sparse"):
-        monkeypatch.setattr(selectors, "NEIGHBOUR_WEIGHT", 0.0)
+        settings.MEMORY_NEIGHBOUR_WEIGHT = 0.0
         plain = memory_search(query=query, agent_id="a", limit=10, mode=mode)
-        monkeypatch.setattr(selectors, "NEIGHBOUR_WEIGHT", DEFAULT_WEIGHT)
+        settings.MEMORY_NEIGHBOUR_WEIGHT = default
         again = memory_search(query=query, agent_id="a", limit=10, mode=mode)
         assert [(h.item.pk, h.score) for h in plain] == [(h.item.pk, h.score) for h in again]

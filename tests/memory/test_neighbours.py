@@ -116,3 +116,14 @@ def test_only_hybrid_search_uses_the_context(settings):
         settings.MEMORY_NEIGHBOUR_WEIGHT = default
         again = memory_search(query=query, agent_id="a", limit=10, mode=mode)
         assert [(h.item.pk, h.score) for h in plain] == [(h.item.pk, h.score) for h in again]
+
+
+def test_a_consolidations_items_get_no_context(settings):
+    """Summaries and facts of one session are no conversation: they rank as fused."""
+    memory_store_many(items=[{"agent_id": "a", "content": c} for c in OTHERS])
+    facts = [{"agent_id": "a", "session_id": "s", "kind": "semantic", "content": c} for c in TALK]
+    memory_store_many(items=facts)
+    assert set(positions().values()) == {None, 0, 1, 2}
+    query = "What did Caroline bring to the potluck at the community garden?"
+    default = settings.MEMORY_NEIGHBOUR_WEIGHT
+    assert ranked(query, settings, default) == ranked(query, settings, 0.0)

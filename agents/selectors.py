@@ -20,6 +20,7 @@ CHUNK = 2_000
 MEMORY_FIELDS = (
     "id",
     "session_id",
+    "position",
     "kind",
     "source",
     "content",

@@ -56,6 +56,8 @@ class HeaderLineSerializer(serializers.Serializer):
 class MemoryLineSerializer(serializers.Serializer):
     id = serializers.UUIDField()
     session_id = StrictCharField(max_length=256, allow_blank=True, default="")
+    # Absent from an export made before items had positions: null, no neighbour context.
+    position = StrictIntegerField(min_value=0, max_value=2**31 - 1, allow_null=True, default=None)
     kind = serializers.ChoiceField(choices=MemoryItem.Kind.choices)
     # `source` is also a DRF Field attribute; as a declared field it is moved off the class.
     source = serializers.ChoiceField(choices=MemoryItem.Source.choices)  # type: ignore[assignment]

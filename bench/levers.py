@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import re
 import sys
 import tempfile
@@ -31,9 +32,11 @@ from typing import Any
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
-for path in (ROOT, ROOT / "bench"):
-    if str(path) not in sys.path:
-        sys.path.insert(0, str(path))
+# This file's folder goes after the standard library's, so "http" stays the stdlib's package
+# (bench/http.py would shadow it).
+sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != ROOT / "bench"]
+sys.path.insert(0, str(ROOT))
+sys.path.append(str(ROOT / "bench"))
 
 from retrieval import (  # noqa: E402 - after the path set-up
     LOCOMO_CATEGORIES,
@@ -276,6 +279,14 @@ class Bench:
         session_weight: float = 0.0,
         prf: float = 0.0,
         names_weight: float = 1.0,
+        context_top: int = 0,
+        session_cap: int = 0,
+        bm25_prf: int = 0,
+        graph: float = 0.0,
+        short_dense: float = 0.0,
+        window: float = 0.0,
+        variant: str = "",
+        spread: int = 0,
     ) -> Run:
         matrix, model = self.bm25[bm25]
         ranked = []
@@ -286,6 +297,8 @@ class Bench:
             if sentence:
                 dense = (1 - sentence) * dense + sentence * self.best_sentence(query, docs)
             sparse = bm25_scores(matrix, model, text)[docs]
+            if window:
+                dense = (1 - window) * dense + window * self.best_window(query, docs)
             if names_weight != 1.0:
                 sparse = (
                     sparse + (names_weight - 1.0) * bm25_scores(matrix, model, _names(text))[docs]
@@ -300,17 +313,89 @@ class Bench:
             top_dense = np.argsort(-dense, kind="stable")[:PREFETCH]
             by_sparse = np.argsort(-sparse, kind="stable")[:PREFETCH]
             pool = np.unique(np.concatenate([top_dense, by_sparse[sparse[by_sparse] > 0]]))
-            fused = zfuse(pool, dense, sparse, weights=(dense_weight, 1.0))
+            weight = dense_weight
+            if short_dense and len(set(model.embed_query(text).indices)) <= 2:
+                weight = short_dense
+            fused = zfuse(pool, dense, sparse, weights=(weight, 1.0))
+            if bm25_prf:
+                # RM3-like: the top 3 fused docs' most weighted terms join the BM25 query
+                top = pool[np.argsort(-fused)[:3]]
+                extra = " ".join(_top_terms(self.ds.docs[docs[t]], text, bm25_prf) for t in top)
+                sparse = sparse + 0.3 * bm25_scores(matrix, model, extra)[docs]
+                fused = zfuse(pool, dense, sparse, weights=(weight, 1.0))
+            if graph:
+                # corpus-graph smoothing: each pooled doc gains `graph` x the mean fused score
+                # of its 3 most similar pooled docs (by embedding)
+                vecs = self.docs[docs[pool]]
+                sim = vecs @ vecs.T
+                np.fill_diagonal(sim, -1)
+                near = np.argsort(-sim, axis=1)[:, :3]
+                fused = fused + graph * (fused[near].mean(axis=1) - fused.min())
             if prf:
                 top = pool[np.argsort(-fused)[:3]]
                 moved = query + prf * self.docs[docs[top]].mean(axis=0)
                 moved /= np.linalg.norm(moved)
                 dense2 = self.docs[docs] @ moved
                 fused = zfuse(pool, dense2, sparse, weights=(dense_weight, 1.0))
+            if context_top:
+                # the service: the index hands back the top `context_top` of the fused pool
+                keep = np.argsort(-fused, kind="stable")[:context_top]
+                pool, fused = pool[keep], fused[keep]
             if neighbour or session_weight:
-                fused = self._context(docs, pool, fused, neighbour, session_weight)
-            ranked.append(docs[pool[np.argsort(-fused, kind="stable")]])
+                fused = self._context(docs, pool, fused, neighbour, session_weight, variant)
+            order = docs[pool[np.argsort(-fused, kind="stable")]]
+            if session_cap:
+                order = self._cap_sessions(order, session_cap)
+            if spread:
+                order = self._spread_sessions(order, spread)
+            ranked.append(order)
         return Run(name, ranked)
+
+    def best_window(self, query: np.ndarray, docs: np.ndarray) -> np.ndarray:
+        """Each doc's best window of two consecutive sentences (mean of their vectors)."""
+        if not hasattr(self, "windows"):
+            same = self.owner[1:] == self.owner[:-1]
+            pairs = self.sent[1:][same] + self.sent[:-1][same]
+            pairs /= np.linalg.norm(pairs, axis=1, keepdims=True)
+            self.windows = np.concatenate([self.sent, pairs])
+            self.window_owner = np.concatenate([self.owner, self.owner[1:][same]])
+        scores = np.full(len(self.docs), -1.0)
+        np.maximum.at(scores, self.window_owner, self.windows @ query)
+        return scores[docs]
+
+    def _spread_sessions(self, order: np.ndarray, sessions: int) -> np.ndarray:
+        """At least `sessions` distinct sessions in the top 10: from the bottom of the top 10 up,
+        a hit of an already shown session gives its place to the best hit of a new one."""
+        top, rest = list(order[:10]), list(order[10:])
+        shown = {self.ds.doc_session[d] for d in top}
+        for slot in range(9, -1, -1):
+            if len(shown) >= sessions:
+                break
+            doc = top[slot]
+            if sum(self.ds.doc_session[d] == self.ds.doc_session[doc] for d in top) < 2:
+                continue
+            new = next((d for d in rest if self.ds.doc_session[d] not in shown), None)
+            if new is None:
+                break
+            rest.remove(new)
+            top[slot] = new
+            rest.insert(0, doc)
+            shown = {self.ds.doc_session[d] for d in top}
+        return np.array(top + rest, dtype=order.dtype)
+
+    def _cap_sessions(self, order: np.ndarray, cap: int) -> np.ndarray:
+        """At most `cap` items of one session in the top 10; the rest move down."""
+        seen: dict[str, int] = defaultdict(int)
+        first: list[int] = []
+        later: list[int] = []
+        for doc in order:
+            session = self.ds.doc_session[doc]
+            if session and seen[session] >= cap and len(first) < 10:
+                later.append(doc)
+                continue
+            seen[session] += 1
+            (first if len(first) < 10 else later).append(doc)
+        return np.array(first + later, dtype=order.dtype)
 
     def _context(
         self,
@@ -319,6 +404,7 @@ class Bench:
         fused: np.ndarray,
         neighbour: float,
         session: float,
+        variant: str = "",
     ) -> np.ndarray:
         """A pooled item's score plus `neighbour` times its best adjacent turn's score (when in
         the pool) and `session` times its session's best other score in the pool."""
@@ -330,15 +416,32 @@ class Bench:
             best[self.ds.doc_session[doc]].append(value)
         for i, doc in enumerate(docs[pool]):
             if neighbour:
-                around = [
-                    score.get(int(n), floor) for n in (self.prev[doc], self.next[doc]) if n >= 0
-                ]
+                sides = (
+                    (self.prev[doc],) if variant == "previous" else (self.prev[doc], self.next[doc])
+                )
+                around = [score.get(int(n), floor) for n in sides if n >= 0]
+                if variant == "better":  # only a neighbour scoring above the item lifts it
+                    around = [value for value in around if value > fused[i]]
                 out[i] += neighbour * (max(around) - floor if around else 0.0)
             if session and self.ds.doc_session[doc]:
                 others = sorted(best[self.ds.doc_session[doc]], reverse=True)
                 other = others[1] if others[0] == fused[i] and len(others) > 1 else others[0]
                 out[i] += session * ((other - floor) if len(others) > 1 else 0.0)
         return out
+
+
+STOP = {"the", "a", "an", "and", "or", "of", "to", "in", "is", "was", "for", "on", "with", "that"}
+
+
+def _top_terms(doc: str, query: str, n: int) -> str:
+    """The doc's `n` most frequent words of 4+ letters not in the query (RM3's feedback terms,
+    roughly)."""
+    have = set(re.findall(r"\w+", query.lower()))
+    counts: dict[str, int] = defaultdict(int)
+    for word in re.findall(r"[a-z]{4,}", doc.lower()):
+        if word not in have and word not in STOP:
+            counts[word] += 1
+    return " ".join(sorted(counts, key=lambda w: -counts[w])[:n])
 
 
 NAME = re.compile(r"(?<!^)(?<![.?!] )\b[A-Z][a-z]+")
@@ -349,42 +452,82 @@ def _names(text: str) -> str:
     return " ".join(NAME.findall(text))
 
 
-def levers(bench: Bench) -> list[Run]:
-    from qdrant_edge import Bm25Config
+BM25_VARIANTS: dict[str, dict[str, Any]] = {
+    "BM25 avg_len 64": {"avg_len": 64.0},
+    "BM25 k1 0.9 b 0.4": {"k": 0.9, "b": 0.4},
+    "BM25 k1 1.5": {"k": 1.5},
+}
 
-    runs = [
-        bench.run("hybrid (baseline)"),
-        bench.run("dense", mode="dense"),
-        bench.run("sparse", mode="sparse"),
+
+def lever_specs() -> list[tuple[str, dict[str, Any]]]:
+    """(name, Bench.run's options) of every lever, the baseline and single modes first."""
+    specs: list[tuple[str, dict[str, Any]]] = [
+        ("hybrid (baseline)", {}),
+        ("dense", {"mode": "dense"}),
+        ("sparse", {"mode": "sparse"}),
     ]
-    for weight in (0.7, 1.3):
-        runs.append(bench.run(f"fusion: dense weight {weight}", dense_weight=weight))
-    for share in (0.3, 0.5):
-        runs.append(bench.run(f"sentence vectors: {share} best sentence", sentence=share))
-    for weight in (0.3, 0.5):
-        runs.append(bench.run(f"neighbour turns {weight}", neighbour=weight))
-    runs.append(bench.run("session context 0.2", session_weight=0.2))
-    runs.append(bench.run("dense PRF 0.5 (top 3)", prf=0.5))
-    runs.append(bench.run("names x2 in BM25 query", names_weight=2.0))
-    variants: dict[str, dict[str, Any]] = {
-        "BM25 avg_len 64": {"avg_len": 64.0},
-        "BM25 k1 0.9 b 0.4": {"k": 0.9, "b": 0.4},
-        "BM25 k1 1.5": {"k": 1.5},
-    }
-    for name, options in variants.items():
-        config = Bm25Config(**options)
-        bench.bm25[name] = bm25_matrix(bench.ds, config)
-        runs.append(bench.run(name, bm25=name))
-    runs.append(bench.run("neighbour 0.3 + sentence 0.3", neighbour=0.3, sentence=0.3))
-    runs.append(
-        bench.run(
-            "neighbour 0.3 + sentence 0.3 + k1 0.9 b 0.4",
-            neighbour=0.3,
-            sentence=0.3,
-            bm25="BM25 k1 0.9 b 0.4",
+    specs += [(f"fusion: dense weight {w}", {"dense_weight": w}) for w in (0.7, 1.3)]
+    specs += [(f"sentence vectors: {w} best sentence", {"sentence": w}) for w in (0.3, 0.5)]
+    specs += [(f"neighbour turns {w}", {"neighbour": w}) for w in (0.3, 0.5)]
+    specs += [
+        ("session context 0.2", {"session_weight": 0.2}),
+        ("dense PRF 0.5 (top 3)", {"prf": 0.5}),
+        ("names x2 in BM25 query", {"names_weight": 2.0}),
+    ]
+    specs += [(name, {"bm25": name}) for name in BM25_VARIANTS]
+    specs += [
+        ("neighbour 0.3 + sentence 0.3", {"neighbour": 0.3, "sentence": 0.3}),
+        ("neighbour 0.3 + session 0.1", {"neighbour": 0.3, "session_weight": 0.1}),
+    ]
+    # As the service builds it: the index hands back the top 50 of the fused pool, and an
+    # adjacent turn outside them counts as the lowest of those 50.
+    service = {"neighbour": 0.3, "context_top": 50}
+    specs += [
+        (f"neighbour {w}, top 50 (service)", {"neighbour": w, "context_top": 50})
+        for w in (0.2, 0.3, 0.4)
+    ]
+    specs.append(("neighbour 0.3 top 50 + session 0.1", {**service, "session_weight": 0.1}))
+    for n in (3, 4, 5):
+        specs.append(
+            (f"neighbour 0.3 top 50 + at least {n} sessions in top 10", {**service, "spread": n})
+        )
+    specs.append(("neighbour 0.3 top 50, previous turn only", {**service, "variant": "previous"}))
+    specs.append(("neighbour 0.3 top 50, better neighbour only", {**service, "variant": "better"}))
+    specs.append(
+        (
+            "neighbour 0.5 top 50, better neighbour only",
+            {**service, "neighbour": 0.5, "variant": "better"},
         )
     )
-    runs.append(bench.run("neighbour 0.3 + session 0.1", neighbour=0.3, session_weight=0.1))
+    for cap in (2, 3):
+        specs.append((f"at most {cap} per session in top 10", {"session_cap": cap}))
+        specs.append(
+            (f"neighbour 0.3 top 50 + at most {cap} per session", {**service, "session_cap": cap})
+        )
+    specs += [
+        ("BM25 PRF (5 terms of top 3, x0.3)", {"bm25_prf": 5}),
+        ("corpus graph 0.1 (3 nearest pooled)", {"graph": 0.1}),
+        ("corpus graph 0.2 (3 nearest pooled)", {"graph": 0.2}),
+        ("short queries (<= 2 terms): dense weight 1.5", {"short_dense": 1.5}),
+        ("sentence windows 0.3 (1-2 sentences)", {"window": 0.3}),
+        ("neighbour 0.3 top 50 + BM25 k1 0.9 b 0.4", {**service, "bm25": "BM25 k1 0.9 b 0.4"}),
+        ("neighbour 0.3 top 50 + sentence 0.3", {**service, "sentence": 0.3}),
+    ]
+    return specs
+
+
+def levers(bench: Bench, only: Sequence[str] = ()) -> list[Run]:
+    """The levers' runs; with `only`, the first three and those whose name holds one of them."""
+    from qdrant_edge import Bm25Config
+
+    runs = []
+    for i, (name, options) in enumerate(lever_specs()):
+        if only and i >= 3 and not any(part in name for part in only):
+            continue
+        variant = options.get("bm25", "default")
+        if variant not in bench.bm25:
+            bench.bm25[variant] = bm25_matrix(bench.ds, Bm25Config(**BM25_VARIANTS[variant]))
+        runs.append(bench.run(name, **options))
     return runs
 
 
@@ -413,7 +556,9 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--embed-only", action="store_true")
     parser.add_argument("--datasets", default="locomo,scifact")
+    parser.add_argument("--only", default="", help="comma-separated parts of lever names")
     args = parser.parse_args()
+    only = [part for part in args.only.split(",") if part]
     loaders = {"locomo": load_locomo, "scifact": load_scifact}
     with tempfile.TemporaryDirectory(prefix="ferrum-levers-") as data_dir:
         setup_django(data_dir)
@@ -424,7 +569,8 @@ def main() -> None:
                 continue
             start = time.perf_counter()
             bench = Bench(ds, vectors)
-            report(bench, levers(bench))
+            report(bench, levers(bench, only))
+            print(f"load average {os.getloadavg()[0]:.1f}")
             print(f"\n({time.perf_counter() - start:.0f} s)")
 
 

@@ -6,7 +6,8 @@ database and qdrant-edge shard in a fresh temporary data folder. Each dataset is
 that prints one table, with every search mode and the targets beside.
 
 - ``locomo``: LoCoMo (``/work/shared/data/locomo/locomo10.json``). Each conversation is an
-  agent, each turn a memory item ``"[{session date time}] {speaker}: {text}"``. Questions of
+  agent, each turn a memory item ``"[{session date time}] {speaker}: {text}"`` of its
+  session (``session_id`` ``session_N``, stored in order). Questions of
   categories 1-4 (multi-hop, temporal, open-domain, single-hop) with their evidence turns:
   turn-level recall@k (an evidence turn in the top k) and session-level recall@k (a retrieved
   turn in an evidence turn's session), k = 5, 10, 20.
@@ -42,8 +43,11 @@ from typing import Any
 
 # Run as a plain script from anywhere: make the project importable.
 ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+# This file's folder goes after the standard library's, so "http" stays the stdlib's package
+# (bench/http.py would shadow it).
+sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != ROOT / "bench"]
+sys.path.insert(0, str(ROOT))
+sys.path.append(str(ROOT / "bench"))
 
 DATA = ROOT.parent / "shared" / "data"  # beside the clone, as the tests read it
 LOCOMO_FILE = DATA / "locomo" / "locomo10.json"
@@ -177,6 +181,9 @@ def locomo_items(conversations: Sequence[dict[str, Any]]) -> list[dict[str, Any]
                 items.append(
                     {
                         "agent_id": agent,
+                        # A conversation's session, as a chat client stores its turns: in
+                        # order, so each turn has its place (the neighbour context reads it).
+                        "session_id": key,
                         "content": f"[{when}] {turn['speaker']}: {turn['text']}",
                         "kind": "episodic",
                         "tags": [key],

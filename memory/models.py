@@ -42,6 +42,10 @@ class MemoryItem(models.Model):
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
     agent_id = models.CharField(max_length=256)
     session_id = models.CharField(max_length=256, blank=True, default="")
+    # Its order within its session (0, 1, ...: the order the session's items were stored in,
+    # a batch's in the order given); null without a session. The search's neighbour context
+    # reads it: the items before and after a turn are the conversation around it.
+    position = models.PositiveIntegerField(null=True, blank=True)
     kind = models.CharField(max_length=20, choices=Kind.choices, default=Kind.EPISODIC)
     source = models.CharField(max_length=20, choices=Source.choices, default=Source.AGENT)
     content = models.TextField()
@@ -69,6 +73,9 @@ class MemoryItem(models.Model):
             models.Index(fields=["agent_id", "content_hash"], name="memory_agent_hash"),
             models.Index(fields=["agent_id", "-created_at"], name="memory_agent_recent"),
             models.Index(fields=["expires_at"], name="memory_expires"),
+            models.Index(
+                fields=["agent_id", "session_id", "position"], name="memory_session_position"
+            ),
         ]
         constraints = [
             models.CheckConstraint(

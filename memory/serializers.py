@@ -74,6 +74,7 @@ class MemoryOutSerializer(serializers.ModelSerializer):
             "point_id",
             "agent_id",
             "session_id",
+            "position",
             "kind",
             "source",
             "content",
@@ -87,6 +88,12 @@ class MemoryOutSerializer(serializers.ModelSerializer):
             "embedding_model",
             "version",
         ]
+        extra_kwargs = {
+            "position": {
+                "help_text": "Its order within its session (0 first: the order the session's "
+                "items were stored in, a batch's in the order given); null without a session."
+            }
+        }
 
 
 class MemoryListQuerySerializer(serializers.Serializer):
@@ -220,8 +227,9 @@ class MemoryHitSerializer(serializers.Serializer):
     score = serializers.FloatField(
         help_text=(
             "Higher ranks first. hybrid: the sum of the dense and BM25 z-scores among the "
-            "candidates (can be negative); dense: cosine similarity; sparse: BM25; with "
-            "rerank: the cross-encoder's score."
+            "candidates (can be negative), plus the neighbour context of an episodic item "
+            "stored with a session (MEMORY_NEIGHBOUR_WEIGHT); dense: cosine similarity; "
+            "sparse: BM25; with rerank: the cross-encoder's score."
         )
     )
     relevance = serializers.FloatField(help_text=RELEVANCE_HELP)

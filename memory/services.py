@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 from django.conf import settings
 from django.db import transaction
-from django.db.models import F, QuerySet
+from django.db.models import F, Max, QuerySet
 from django.utils import timezone
 
 from ferrum_memory.core.exceptions import Conflict, NotFound, ServiceError
@@ -160,6 +160,7 @@ def _store_rows(
     results: list[tuple[MemoryItem, str]] = []
     events: list[MemoryEvent] = []
     stored_in_batch: list[tuple[str, np.ndarray, MemoryItem]] = []
+    next_position: dict[tuple[str, str], int] = {}
     for item, vector, near_id in zip(items, vectors, near, strict=True):
         digest = content_hash(item["content"])
         target = MemoryItem.objects.filter(agent_id=item["agent_id"], content_hash=digest).first()
@@ -187,9 +188,18 @@ def _store_rows(
             results.append((target, duplicate))
             continue
         ttl = item.get("ttl_seconds", settings.DEFAULT_MEMORY_TTL)
+        session = item.get("session_id", "")
+        position = None
+        if session:
+            key = (item["agent_id"], session)
+            if key not in next_position:
+                next_position[key] = _session_end(*key)
+            position = next_position[key]
+            next_position[key] += 1
         row = MemoryItem.objects.create(
             agent_id=item["agent_id"],
-            session_id=item.get("session_id", ""),
+            session_id=session,
+            position=position,
             kind=item.get("kind", MemoryItem.Kind.EPISODIC),
             source=item.get("source", MemoryItem.Source.AGENT),
             content=item["content"],
@@ -214,6 +224,16 @@ def _store_rows(
         events.append(_event(row, kind, actor=actor, at=now, changes=_diff({}, _snapshot(row))))
     MemoryEvent.objects.bulk_create(events)
     return results
+
+
+def _session_end(agent_id: str, session_id: str) -> int:
+    """The position after the last of a session's items (0 for a new session). A merged
+    duplicate keeps its own position: a session's positions may have gaps, never repeats
+    within one writer."""
+    last = MemoryItem.objects.filter(agent_id=agent_id, session_id=session_id).aggregate(
+        last=Max("position")
+    )["last"]
+    return 0 if last is None else last + 1
 
 
 def _merge(target: MemoryItem, item: dict[str, Any], revision: int, now: datetime) -> MemoryItem:

@@ -207,6 +207,9 @@ FASTEMBED_RERANK_MODEL = env.str("FASTEMBED_RERANK_MODEL", default="")
 FASTEMBED_RERANK_MODEL_PATH = env.str("FASTEMBED_RERANK_MODEL_PATH", default="")
 # Cosine similarity from which a new memory of the same agent is merged into an existing one.
 MEMORY_NEAR_DUPLICATE = env.float("MEMORY_NEAR_DUPLICATE", default=0.95)
+# Hybrid search's neighbour context (memory.selectors): an episodic hit of a session gains
+# this share of its best adjacent item's score; 0 turns it off.
+MEMORY_NEIGHBOUR_WEIGHT = env.float("MEMORY_NEIGHBOUR_WEIGHT", default=0.3)
 # POST /memory/context: the tokenizer that counts its budget (memory.tokens), and the default
 # relevance below which a memory is left out of a context (calibrated by bench/context.py).
 CONTEXT_TOKENIZER = env.str("CONTEXT_TOKENIZER", default="o200k_base")

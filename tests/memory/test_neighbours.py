@@ -1,0 +1,129 @@
+"""Items' order within their session, and the search's neighbour context built on it."""
+
+import importlib
+import uuid
+
+import pytest
+from django.apps import apps
+
+from memory.models import MemoryItem
+from memory.selectors import memory_search, neighbour_context
+from memory.services import memory_store_many
+
+pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("vector_engine")]
+
+
+def positions(agent_id="a"):
+    rows = MemoryItem.objects.filter(agent_id=agent_id).values_list("content", "position")
+    return dict(rows)
+
+
+def test_a_session_numbers_its_items_in_store_order_across_batches():
+    memory_store_many(
+        items=[
+            {"agent_id": "a", "session_id": "s1", "content": "one in s1"},
+            {"agent_id": "a", "session_id": "s2", "content": "one in s2"},
+            {"agent_id": "a", "session_id": "s1", "content": "two in s1"},
+            {"agent_id": "a", "content": "no session at all"},
+            {"agent_id": "b", "session_id": "s1", "content": "another agent's s1"},
+        ]
+    )
+    memory_store_many(
+        items=[
+            {"agent_id": "a", "session_id": "s1", "content": "one in s1"},  # merged: no place
+            {"agent_id": "a", "session_id": "s1", "content": "three in s1"},
+        ]
+    )
+    assert positions() == {
+        "one in s1": 0,
+        "two in s1": 1,
+        "three in s1": 2,
+        "one in s2": 0,
+        "no session at all": None,
+    }
+    assert positions("b") == {"another agent's s1": 0}
+
+
+def test_the_migration_numbers_existing_items_in_the_order_they_were_stored():
+    contents = [f"turn {i} of a long talk" for i in range(6)]
+    memory_store_many(items=[{"agent_id": "a", "session_id": "s", "content": c} for c in contents])
+    memory_store_many(items=[{"agent_id": "a", "content": "no session"}])
+    MemoryItem.objects.update(position=None)
+    migration = importlib.import_module("memory.migrations.0004_position")
+    migration.number_sessions(apps, None)
+    # One batch shares its created_at: the order comes from the events, not the random ids.
+    assert positions() == {c: i for i, c in enumerate(contents)} | {"no session": None}
+
+
+def test_neighbour_context_adds_the_best_adjacent_score_above_the_floor():
+    a, b, c, d, e = (uuid.uuid4() for _ in range(5))
+    hits = [(a, 3.0), (b, 2.0), (c, 1.0), (d, 0.5), (e, -1.0)]
+    places = {a: ("s", 4), b: ("t", 0), c: ("s", 5), e: ("s", 3)}  # d: no session
+    rescored = dict(neighbour_context(hits, places, 0.5))
+    # floor -1; a's neighbours are c (1.0) and e (-1.0); c's is a (3.0); e's is a; b has none.
+    assert rescored == {a: 3.0 + 0.5 * 2.0, b: 2.0, c: 1.0 + 0.5 * 4.0, d: 0.5, e: -1.0 + 2.0}
+    assert [pk for pk, _ in neighbour_context(hits, places, 0.5)] == [a, c, b, e, d]
+    assert neighbour_context([], {}, 0.5) == []
+
+
+TALK = [
+    "Melanie: What did you bring to the potluck at the community garden last weekend?",
+    "Caroline: A big pot of lentil soup with cumin, everyone asked for the recipe.",
+    "Melanie: That sounds lovely, I should try making it.",
+]
+OTHERS = [
+    "Caroline loves hiking in the mountains with her dog.",
+    "Melanie painted a sunrise over the lake last year.",
+    "The community centre opens at nine on weekdays.",
+    "Caroline read a book about the history of bread.",
+    "Melanie's kids play football on Saturdays.",
+    "Caroline bought a new bicycle for the commute.",
+    "Caroline planted tomatoes in the community garden.",
+    "The garden club meets every second weekend.",
+    "Caroline brought her guitar to the beach party.",
+    "What should I bring to a picnic?",
+]
+
+
+def ranked(query, settings, weight):
+    settings.MEMORY_NEIGHBOUR_WEIGHT = weight
+    return [hit.item.content for hit in memory_search(query=query, agent_id="a", limit=10)]
+
+
+def test_a_turn_is_found_through_the_turn_before_it(settings):
+    default = settings.MEMORY_NEIGHBOUR_WEIGHT
+    assert default > 0
+    memory_store_many(items=[{"agent_id": "a", "content": c} for c in OTHERS])
+    memory_store_many(items=[{"agent_id": "a", "session_id": "talk", "content": c} for c in TALK])
+    query = "What did Caroline bring to the potluck at the community garden?"
+    without = ranked(query, settings, 0.0)
+    with_context = ranked(query, settings, default)
+    # The answer shares few words with the question; the question before it shares many.
+    assert without[0] == TALK[0] and with_context[0] == TALK[0]
+    assert without.index(TALK[1]) > 2 and with_context.index(TALK[1]) == 2, (without, with_context)
+    # Items without a session keep their order among themselves.
+    assert [c for c in with_context if c in OTHERS] == [c for c in without if c in OTHERS]
+
+
+def test_only_hybrid_search_uses_the_context(settings):
+    default = settings.MEMORY_NEIGHBOUR_WEIGHT
+    memory_store_many(items=[{"agent_id": "a", "content": c} for c in OTHERS])
+    memory_store_many(items=[{"agent_id": "a", "session_id": "talk", "content": c} for c in TALK])
+    query = "What did Caroline bring to the potluck at the community garden?"
+    for mode in ("dense", "sparse"):
+        settings.MEMORY_NEIGHBOUR_WEIGHT = 0.0
+        plain = memory_search(query=query, agent_id="a", limit=10, mode=mode)
+        settings.MEMORY_NEIGHBOUR_WEIGHT = default
+        again = memory_search(query=query, agent_id="a", limit=10, mode=mode)
+        assert [(h.item.pk, h.score) for h in plain] == [(h.item.pk, h.score) for h in again]
+
+
+def test_a_consolidations_items_get_no_context(settings):
+    """Summaries and facts of one session are no conversation: they rank as fused."""
+    memory_store_many(items=[{"agent_id": "a", "content": c} for c in OTHERS])
+    facts = [{"agent_id": "a", "session_id": "s", "kind": "semantic", "content": c} for c in TALK]
+    memory_store_many(items=facts)
+    assert set(positions().values()) == {None, 0, 1, 2}
+    query = "What did Caroline bring to the potluck at the community garden?"
+    default = settings.MEMORY_NEIGHBOUR_WEIGHT
+    assert ranked(query, settings, default) == ranked(query, settings, 0.0)

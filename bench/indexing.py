@@ -47,12 +47,10 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
-# This file's folder goes after the standard library's, so "http" stays the stdlib's package.
-sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != ROOT / "bench"]
+import numpy as np
+import requests
 
-import numpy as np  # noqa: E402 - after the path set-up
-import requests  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 DATA = ROOT.parent / "shared" / "data"
 BIN = Path(sys.executable).parent

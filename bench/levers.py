@@ -32,11 +32,7 @@ from typing import Any
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
-# This file's folder goes after the standard library's, so "http" stays the stdlib's package
-# (bench/http.py would shadow it).
-sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != ROOT / "bench"]
 sys.path.insert(0, str(ROOT))
-sys.path.append(str(ROOT / "bench"))
 
 from retrieval import (  # noqa: E402 - after the path set-up
     LOCOMO_CATEGORIES,

@@ -35,10 +35,8 @@ from typing import Any
 
 import numpy as np
 
-# Run as a plain script from anywhere: make the project importable. This file's folder is
-# dropped from the path (Python puts it first), so bench/http.py cannot shadow the stdlib's http.
+# Run as a plain script from anywhere: make the project importable.
 ROOT = Path(__file__).resolve().parents[1]
-sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != ROOT / "bench"]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
@@ -799,7 +797,7 @@ def part_http(args: argparse.Namespace) -> None:
                     )
                 )
             _put_settings(client, ONE_AGENT)  # the defaults again
-            if args.ingest_requests:  # 0: the replay rows only (bench/http.py's replay part)
+            if args.ingest_requests:  # 0: the replay rows only (bench/web.py's replay part)
                 n, target = args.ingest_requests, f">= {TARGET_INGEST_PER_S:,.0f} /s"
                 chunks = [bodies[i * n : (i + 1) * n] for i in range(4)]
                 for threads, chunk in ((1, chunks[0]), (args.clients, chunks[1])):

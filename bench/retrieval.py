@@ -43,11 +43,7 @@ from typing import Any
 
 # Run as a plain script from anywhere: make the project importable.
 ROOT = Path(__file__).resolve().parents[1]
-# This file's folder goes after the standard library's, so "http" stays the stdlib's package
-# (bench/http.py would shadow it).
-sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != ROOT / "bench"]
 sys.path.insert(0, str(ROOT))
-sys.path.append(str(ROOT / "bench"))
 
 DATA = ROOT.parent / "shared" / "data"  # beside the clone, as the tests read it
 LOCOMO_FILE = DATA / "locomo" / "locomo10.json"

@@ -38,7 +38,7 @@ def memory_visible(
 
 def memory_get(*, point_id: UUID | str, agent_ids: Sequence[str] | None = None) -> MemoryItem:
     # A slice, not first(): by primary key there is one row at most, and first()'s ORDER BY
-    # costs a tenth of the query's CPU (bench/http.py's trivial request is this query).
+    # costs a tenth of the query's CPU (bench/web.py's trivial request is this query).
     item = next(iter(memory_visible(agent_ids=agent_ids, pk=point_id)[:1]), None)
     if item is None:
         raise NotFound(f"No memory item '{point_id}'.")

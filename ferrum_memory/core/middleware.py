@@ -1,7 +1,7 @@
 """Django's browser middleware, run for the admin's paths only.
 
 The API authenticates every request by its key and reads no cookie, so sessions, the
-logged-in user and messages only cost it time (bench/http.py). Each class here is Django's
+logged-in user and messages only cost it time (bench/web.py). Each class here is Django's
 own, skipped outside /admin/; being subclasses, the admin's system checks still find them.
 CSRF stays in MIDDLEWARE as it is: the API's views are exempt, and the deploy check looks
 for Django's own class by name.

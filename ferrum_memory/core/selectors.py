@@ -7,7 +7,7 @@ from .models import ApiKey
 from .services import api_key_hash
 
 # Active keys by hash, each with the monotonic time it was read: every API request
-# authenticates, and the lookup was a fifth of a trivial request's time (bench/http.py). Only
+# authenticates, and the lookup was a fifth of a trivial request's time (bench/web.py). Only
 # found keys are kept, so unknown keys cannot fill it; a key created is usable at once.
 _active_keys: dict[str, tuple[float, ApiKey]] = {}
 _active_keys_lock = threading.Lock()

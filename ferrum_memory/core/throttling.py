@@ -19,7 +19,7 @@ logger = logging.getLogger(__name__)
 # A process adds its requests to the shared counter in batches of this share of the budget:
 # at 6000/min, one cache write every 60 requests instead of three cache calls on each (a
 # file cache's write is a temporary file and a rename: the throttle cost as much as the rest
-# of a trivial request, bench/http.py). A budget under 100 is counted on every request.
+# of a trivial request, bench/web.py). A budget under 100 is counted on every request.
 SYNC_SHARE = 100
 
 

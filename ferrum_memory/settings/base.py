@@ -74,7 +74,7 @@ INSTALLED_APPS = [
 ]
 
 # No django-prometheus middleware: its dozen django_http_* series per request cost about a
-# tenth of a trivial request (bench/http.py); ferrum_api_request_duration_seconds, observed
+# tenth of a trivial request (bench/web.py); ferrum_api_request_duration_seconds, observed
 # once per request, counts and times every request by route, verb and status.
 MIDDLEWARE = [
     # Request id, per-operation latency and the access line; inside the request's span, which

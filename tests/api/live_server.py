@@ -54,7 +54,7 @@ def live_server(data_dir: Path, /, **extra_env: str) -> AbstractContextManager[L
 
 @contextmanager
 def live_server_of(root: Path, data_dir: Path, /, **extra_env: str) -> Iterator[LiveServer]:
-    """gunicorn as deployed, with the code of the checkout at `root` (bench/http.py
+    """gunicorn as deployed, with the code of the checkout at `root` (bench/web.py
     --baseline runs another checkout's beside this one, on the same data)."""
     port = _free_port()
     env = {k: v for k, v in os.environ.items() if k not in SCALED_OUT}

@@ -1,4 +1,4 @@
-"""What a client sees: ``python bench/http.py [--part web stall] [--sizes 10000 100000]``.
+"""What a client sees: ``python bench/web.py [--part web stall] [--sizes 10000 100000]``.
 
 - ``web``: each operation over HTTP through gunicorn as deployed (``tests/api/live_server.py``:
   the embedded defaults, 2 workers x 4 threads, keep-alive connections), with 1 and with 4
@@ -34,10 +34,7 @@ from typing import Any
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
-# This file's folder goes after the standard library's, so "http" stays the stdlib's package.
-sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != ROOT / "bench"]
 sys.path.insert(0, str(ROOT))
-sys.path.append(str(ROOT / "bench"))
 
 from retrieval import _print_table, setup_django  # noqa: E402 - after the path set-up
 from search import load_items, locomo_texts  # noqa: E402
@@ -515,7 +512,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="ferrum-bench-http-") as data_dir:
         setup_django(data_dir, keep_near_duplicates=False)
-        print(f"# bench/http.py on {platform.node()}, load {_load()}")
+        print(f"# bench/web.py on {platform.node()}, load {_load()}")
         if "web" in args.part:
             _run(args, data_dir)
         if "replay" in args.part:

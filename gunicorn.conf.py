@@ -64,3 +64,6 @@ def post_worker_init(worker: object) -> None:
     # since a replay request allocates thousands of containers.
     gc.collect()
     gc.freeze()
+    from ferrum_memory.core.storage import hold_wal_files_in_this_process
+
+    hold_wal_files_in_this_process()  # reads go on when the disk is full (core/storage.py)

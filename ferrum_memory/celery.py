@@ -27,8 +27,10 @@ def _worker_init(sender: Any, **kwargs: Any) -> None:
     from celery.concurrency import get_implementation
     from celery.concurrency.prefork import TaskPool
 
+    from ferrum_memory.core.storage import hold_wal_files_in_this_process
     from ferrum_memory.core.telemetry import setup_tracing
 
+    hold_wal_files_in_this_process()  # a prefork child keeps the signal and opens its own
     prefork = issubclass(get_implementation(sender.pool_cls), TaskPool)
     if not prefork:
         setup_tracing()  # solo or threads: the tasks run in this process

@@ -13,16 +13,13 @@ class CoreConfig(AppConfig):
 
     def ready(self) -> None:
         # Registers the database and broker health checks and the OpenAPI auth extension.
-        from django.db.backends.signals import connection_created
         from django.db.models.signals import post_delete, post_migrate, post_save
 
         from . import checks, schema  # noqa: F401
         from .models import ApiKey
         from .schedules import ensure_default_schedules
-        from .storage import hold_wal_files
 
         post_migrate.connect(ensure_default_schedules, sender=self)
-        connection_created.connect(hold_wal_files)
         # Signals, not the services: a key also changes in the admin's change form and bulk
         # delete, and each such change must leave this process's authentication cache.
         post_save.connect(_forget_api_key, sender=ApiKey)

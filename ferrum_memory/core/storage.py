@@ -69,6 +69,16 @@ _inherited: list[sqlite3.Connection] = []  # a parent's, after a fork: never use
 _lock = threading.Lock()
 
 
+def hold_wal_files_in_this_process() -> None:
+    """Called where a service process starts (a gunicorn worker, the Celery worker, an index
+    server), not in AppConfig.ready: a management command or the test runner needs no holder,
+    and the test runner's own one broke its test database (SQLITE_IOERR_SHORT_READ on connect,
+    after an erasure's checkpoint and a worker subprocess on the same file)."""
+    from django.db.backends.signals import connection_created
+
+    connection_created.connect(hold_wal_files, dispatch_uid="ferrum-hold-wal-files")
+
+
 def hold_wal_files(sender: Any, connection: Any, **kwargs: Any) -> None:
     """On the connection_created signal: the first SQLite connection to a file opens its holder."""
     if connection.vendor != "sqlite" or connection.is_in_memory_db():

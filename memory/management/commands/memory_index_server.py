@@ -7,6 +7,7 @@ from typing import Any
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandParser
 
+from ferrum_memory.core.storage import hold_wal_files_in_this_process
 from memory.index_server import serve
 
 RESTART_DELAY_SECONDS = 1.0
@@ -25,6 +26,7 @@ class Command(BaseCommand):
     def handle(self, *args: Any, **options: Any) -> None:
         if options["slot"] is not None:
             signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+            hold_wal_files_in_this_process()  # a server, as a web worker: core/storage.py
             serve(options["slot"])
             return
         count = options["servers"] or settings.VECTOR_INDEX_SERVERS or 2

@@ -82,6 +82,7 @@ class MemoryItem(Model):
     content: str
     importance: float = 0.5
     sensitivity: str = "none"
+    position: int | None = None  # order within its session (None: no session)
     tags: list[str] = Field(default_factory=list)
     metadata: dict[str, Any] = Field(default_factory=dict)
     created_at: datetime

@@ -120,7 +120,6 @@ STORAGES = {
 SQLITE_PATH = Path(env.str("SQLITE_PATH", default=str(DATA_DIR / "ferrum_memory.sqlite3")))
 if env.str("DATABASE_URL", default=""):
     DATABASES = {"default": env.db("DATABASE_URL")}
-    DATABASES["default"]["CONN_MAX_AGE"] = env.int("DATABASE_CONN_MAX_AGE", default=60)
     # A dropped connection fails one request at most: the next one reconnects.
     DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
 else:
@@ -141,6 +140,10 @@ else:
             },
         }
     }
+# Each web thread keeps its connection between requests, on either engine. For SQLite too:
+# opening one (the file, three PRAGMAs, Django's SQL functions) cost more than a whole
+# trivial request's work (bench/web.py).
+DATABASES["default"]["CONN_MAX_AGE"] = env.int("DATABASE_CONN_MAX_AGE", default=60)
 
 # CACHES (API throttling)
 # ------------------------------------------------------------------------------

@@ -8,8 +8,9 @@ derived, it catches up from the DB later), and the metrics live in memory (gunic
 
 In WAL mode, the last connection to close deletes the -wal and -shm files, and the next one to
 open creates them again; on a full disk it cannot (the -shm needs 32 KiB), so every new
-connection failed with "disk I/O error", reads included. Django opens a connection per request
-(CONN_MAX_AGE 0), so a moment with no request in flight was enough. One connection per process
+connection failed with "disk I/O error", reads included. Django closes a thread's connection
+when it is CONN_MAX_AGE old, and Celery after a task, so a moment with none open is enough
+(with CONN_MAX_AGE 0, any moment with no request in flight). One connection per process
 that stays open (and idle: it holds no transaction, so checkpoints are not held back) keeps both
 files, and new connections then map the -shm that is already there.
 """

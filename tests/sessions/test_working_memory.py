@@ -7,6 +7,7 @@ import pytest
 from django.utils import timezone
 
 from sessions.models import WorkingMemoryEntry
+from sessions.services import session_close, session_start, session_update
 from sessions.working_memory import (
     DatabaseStore,
     RedisStore,
@@ -128,3 +129,32 @@ def test_changing_redis_url_switches_engine(settings, redis_url):
     assert get_working_memory().engine == "redis"
     reset_working_memory()
     assert get_working_memory().engine == "redis"
+
+
+def test_closing_brings_the_sessions_row_to_its_states_version(store_engine):
+    # As if a process died between the state's write and its row's: the state is at 2.
+    session, first = session_start(agent_id="a", fields={})
+    get_working_memory().replace(
+        session_id=str(session.pk), expected_version=1, state={**first, "version": 2}, ttl=60
+    )
+    consolidation = session_close(session_id=session.pk)
+    session.refresh_from_db()
+    assert (session.version, consolidation.version) == (2, 2)
+
+
+def test_an_update_is_one_commit_with_the_database_store(store_engine, monkeypatch):
+    """A kill between the state's write and its row's cannot be timed in a test; a failure at
+    that point stands for it. The database store rolls the state back, Redis cannot."""
+    session, _ = session_start(agent_id="a", fields={})
+
+    def fail(*args: object, **kwargs: object) -> dict[str, object]:
+        raise RuntimeError("killed here")
+
+    # Called for the row's update, after the state's write.
+    monkeypatch.setattr("sessions.services._times", fail)
+    with pytest.raises(RuntimeError):
+        session_update(session_id=session.pk, version=1, fields={"step": 1})
+    monkeypatch.undo()
+    state = get_working_memory().get(session_id=str(session.pk))
+    assert state is not None
+    assert state["version"] == (1 if store_engine == "database" else 2)

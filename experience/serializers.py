@@ -5,13 +5,11 @@ Numbers are strict: a string, a boolean, NaN or infinity is a 400, never coerced
 import math
 import re
 from collections.abc import Callable
-from datetime import datetime
 from typing import Any
 
 from django.conf import settings
 from django.core.exceptions import ValidationError as DjangoValidationError
 from django.core.validators import RegexValidator
-from django.utils import timezone
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 from rest_framework.exceptions import ValidationError
@@ -25,6 +23,7 @@ from ferrum_memory.core.fields import (
     finite_number,
     json_size_validator,
     surrogate_error,
+    timestamp_out,
     whole_number,
 )
 
@@ -366,16 +365,6 @@ EXPERIENCE: Shape = (
 )
 
 
-def _timestamp(value: datetime | None) -> str | None:
-    """What DRF's DateTimeField writes: ISO 8601, UTC as "Z"."""
-    if value is None:
-        return None
-    # The default zone, not the current one: asking asgiref for the current zone cost more than
-    # the rest of a row, and this service never activates another zone.
-    text = value.astimezone(timezone.get_default_timezone()).isoformat()
-    return text[:-6] + "Z" if text.endswith("+00:00") else text
-
-
 class ExperienceOutSerializer(serializers.ModelSerializer):
     # An experience as every endpoint shows it. The fields declare the shape and the schema;
     # to_representation builds it by hand.
@@ -420,11 +409,11 @@ class ExperienceOutSerializer(serializers.ModelSerializer):
             "td_error": instance.td_error,
             "priority": instance.priority,
             "metadata": instance.metadata,
-            "created_at": _timestamp(instance.created_at),
-            "expires_at": _timestamp(instance.expires_at),
+            "created_at": timestamp_out(instance.created_at),
+            "expires_at": timestamp_out(instance.expires_at),
             "times_sampled": instance.times_sampled,
-            "last_sampled_at": _timestamp(instance.last_sampled_at),
-            "retired_at": _timestamp(instance.retired_at),
+            "last_sampled_at": timestamp_out(instance.last_sampled_at),
+            "retired_at": timestamp_out(instance.retired_at),
         }
 
 

@@ -4,8 +4,10 @@ Numbers are strict: a string, a boolean, NaN or infinity is refused, never coerc
 field takes a JSON string only."""
 
 import math
+from datetime import datetime
 from typing import Any
 
+from django.utils import timezone
 from rest_framework import serializers
 from rest_framework.exceptions import ValidationError
 from rest_framework.validators import ProhibitSurrogateCharactersValidator
@@ -16,6 +18,17 @@ from .renderers import json_bytes
 MAX_COUNT = 2**63 - 1
 # The longest ttl_seconds of a stored item (0 is forever): a century, so now + ttl is a date.
 MAX_KEEP_SECONDS = 100 * 365 * 86_400
+
+
+def timestamp_out(value: datetime | None) -> str | None:
+    """What DRF's DateTimeField writes, for the hand-built representations: ISO 8601, UTC as
+    "Z"."""
+    if value is None:
+        return None
+    # The default zone, not the current one: asking asgiref for the current zone cost more than
+    # the rest of a row, and this service never activates another zone.
+    text = value.astimezone(timezone.get_default_timezone()).isoformat()
+    return text[:-6] + "Z" if text.endswith("+00:00") else text
 
 
 def finite_number(data: Any) -> float | None:

@@ -307,7 +307,18 @@ def service(env: dict[str, str], folder: Path, index_servers: int) -> Iterator[S
         **({"index": index} if index_servers else {}),
         # Its default control socket is one per user ($HOME/.gunicorn): leave it to others.
         "gunicorn": [gunicorn, *GUNICORN_ARGS, "--no-control-socket"],
-        "worker": [*celery, "worker", "--loglevel=INFO", "--concurrency=2", f"--hostname={name}"],
+        "worker": [
+            # The service's app as `celery -A` runs it, its pool processes traced (--tracemalloc).
+            *(
+                [sys.executable, "bench/soak_celery.py"]
+                if env.get("SOAK_TRACEMALLOC_DIR")
+                else celery
+            ),
+            "worker",
+            "--loglevel=INFO",
+            "--concurrency=2",
+            f"--hostname={name}",
+        ],
         "beat": [*celery, "beat", "--loglevel=INFO", "--scheduler", BEAT_SCHEDULER],
     }
     env = {**env, "VECTOR_INDEX_SERVERS": str(index_servers)}
@@ -687,7 +698,7 @@ def soak(config: str, args: argparse.Namespace) -> bool:
             report(config, args, samples, ledger, checks, elapsed)
             if args.tracemalloc:
                 Path(args.tracemalloc).mkdir(parents=True, exist_ok=True)
-                for found in sorted(folder.glob("tracemalloc-*.txt")):
+                for found in sorted(folder.glob("*-tracemalloc-*.txt")):
                     shutil.copy(found, Path(args.tracemalloc) / f"{config}-{found.name}")
             if args.json:
                 with Path(args.json).open("a") as out:

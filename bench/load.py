@@ -143,17 +143,20 @@ class LoadClient:
 
     # Operations --------------------------------------------------------------------------
 
-    def experience_ingest(self) -> None:
+    def experience_ingest(self) -> list[str]:
+        """Returns the ids acknowledged, in the order sent (none when the POST failed)."""
         body = list(_fake_experiences(self.np_rng, self.args.ingest_batch, with_td=True))
         for item in body:
             item["agent_id"] = self.agent
-        ids = {item["id"] for item in body}
+        order = [item["id"] for item in body]
+        ids = set(order)
         self.ledger.sent_experiences |= ids
         if self.rng.random() >= self.args.retry_share:
             status, _ = self.call("experience ingest", "POST", "/experience/", body)
             if status in (200, 201):
                 self.ledger.acked_experiences |= ids
-            return
+                return order
+            return []
         # A retry while the first attempt is still in flight: the same ids, twice, at once.
         op = "experience ingest (retried)"
         other, other_ledger = _Client(self.port, self.key), Ledger()
@@ -167,6 +170,8 @@ class LoadClient:
         self.ledger.merge(other_ledger)
         if status in (200, 201) or other_ledger.statuses[op, 201] or other_ledger.statuses[op, 200]:
             self.ledger.acked_experiences |= ids
+            return order
+        return []
 
     def replay_sample(self) -> None:
         strategy = self.rng.choices(["prioritized", "uniform", "recency"], [70, 15, 15])[0]

@@ -1,22 +1,29 @@
 """Soak: ``python bench/soak.py [--config embedded postgres] [--minutes 30] [--rate 20]``.
 
-The service as deployed (the Procfile: gunicorn, a Celery worker with its prefork pool, beat
-with the database scheduler), once on the embedded defaults (SQLite, the SQLite broker,
-qdrant-edge, working memory in the database) and once on PostgreSQL + Redis (``--database``,
-dropped and created; ``--redis-url``, flushed: both the bench's own). A few client threads
-send a mixed load at a fixed total rate (``--rate`` requests/s, so the soak measures whether
-the service stays flat, not how fast it goes): memories stored, fetched, searched and packed
-into a context; sessions started, updated and closed (the worker consolidates them);
-experiences ingested (a share sent twice at once, as a client retrying), replayed and their
-TD errors updated.
+The service as deployed (the Procfile: the vector index servers, gunicorn, a Celery worker
+with its prefork pool, beat with the database scheduler), once on the embedded defaults
+(SQLite, the SQLite broker, qdrant-edge, working memory in the database) and once on
+PostgreSQL + Redis (``--database``, dropped and created; ``--redis-url``, flushed: both the
+bench's own). A few client threads send a mixed load at a fixed total rate (``--rate``
+requests/s, so the soak measures whether the service stays flat, not how fast it goes):
+memories stored, fetched, searched and packed into a context; sessions started, updated and
+closed (the worker consolidates them); experiences ingested (a share sent twice at once, as a
+client retrying), replayed and their TD errors updated.
 
-Every ``--sample-seconds`` (60) it samples, per process (gunicorn master and workers, the
-Celery worker and its pool, beat): resident memory (VmRSS) and open file descriptors, from
-/proc; and the database connections (PostgreSQL: pg_stat_activity of the bench's database;
-SQLite: descriptors open on the database file, in every process of the service), beside the
-rows stored so far. At the end: each series' least-squares slope per hour with its first and
-last value, the 5xx count, and a check that every acknowledged write is in the database
-exactly once. Exits non-zero when a check fails.
+By default the data stops growing after the warm-up, through the service's own bounds: each
+agent's replay capacity (``--replay-capacity``, its replay settings' max_size, FIFO), so an
+ingest evicts the agent's oldest experiences; and a memory TTL (``--memory-ttl``, the
+service's DEFAULT_MEMORY_TTL, which the items consolidated from sessions get too), with the
+purge scheduled every minute. Resident memory that grows with flat data is a leak; growing
+data (``--unbounded``) makes every index grow, and the memory with it.
+
+Every ``--sample-seconds`` (60) it samples, per process: resident memory (VmRSS and its
+anonymous part) and open file descriptors, from /proc; the database connections (PostgreSQL:
+pg_stat_activity of the bench's database; SQLite: descriptors open on the database file, in
+every process of the service); and the data: the rows of each table that grows with the load.
+At the end: each series' least-squares slope per hour with its first and last value, the 5xx
+count, and a check that every acknowledged write is in the database exactly once, or was
+removed by a bound (evicted, expired). Exits non-zero when a check fails.
 """
 
 from __future__ import annotations
@@ -25,6 +32,8 @@ import argparse
 import json
 import os
 import random
+import shutil
+import signal
 import sqlite3
 import subprocess
 import sys
@@ -36,6 +45,7 @@ from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -45,7 +55,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from load import Ledger, LoadClient, send  # noqa: E402 - after the path set-up
-from replay import FOREIGN_ENV, PG_SERVER, _Client, _free_port, _manage  # noqa: E402
+from replay import AGENTS, FOREIGN_ENV, PG_SERVER, _Client, _free_port, _manage  # noqa: E402
 from retrieval import _print_table  # noqa: E402
 from search import locomo_texts  # noqa: E402
 
@@ -61,8 +71,25 @@ MIX = {
     "td update": 10,
 }
 CONSOLIDATION_WAIT_SECONDS = 180
-GUNICORN_ARGS = ("ferrum_memory.wsgi:application", "--config", "gunicorn.conf.py")
+# The service's gunicorn.conf.py as it is, plus an optional allocation tracer (--tracemalloc).
+GUNICORN_ARGS = ("ferrum_memory.wsgi:application", "--config", "bench/soak_gunicorn.py")
 BEAT_SCHEDULER = "django_celery_beat.schedulers:DatabaseScheduler"
+# With bounded data, the purges run every minute, not every 10 (the defaults, which an
+# operator edits in the admin): a store's data then stays within a minute of its bound.
+PURGE_SCHEDULES = ("memory: purge expired", "experience: purge expired")
+PURGE_EVERY_SECONDS = 60
+# Each table that grows with the load: sampled beside the processes, so a reader sees whether
+# the data was flat while the memory was.
+DATA_TABLES = {
+    "memory items": "memory_memoryitem",
+    "memory tombstones": "memory_memorytombstone",
+    "memory events": "memory_memoryevent",
+    "experiences": "experience_experience",
+    "experience tombstones": "experience_experiencetombstone",
+    "sessions": "agent_sessions_session",
+    "consolidations": "agent_sessions_consolidation",
+    "working memory rows": "agent_sessions_workingmemoryentry",
+}
 
 
 def _env_without_foreign() -> dict[str, str]:
@@ -92,11 +119,30 @@ class Pacer:
 @dataclass
 class SoakLedger(Ledger):
     td_errors: dict[str, float] = field(default_factory=dict)  # experience id: last acked
+    # Each agent's acknowledged experiences in the order acknowledged: a client is one agent
+    # and ingests one batch at a time, so this is the order of their primary keys, which the
+    # FIFO eviction follows.
+    experience_order: dict[str, list[str]] = field(default_factory=dict)
+    # Each acknowledged memory's expires_at as the store answered it (Unix time; None: never).
+    memory_expiry: dict[str, float | None] = field(default_factory=dict)
+    expired_acks: int = 0  # stores answered with an item expired before the store was sent
 
     def merge(self, other: Ledger) -> None:
         super().merge(other)
         if isinstance(other, SoakLedger):
             self.td_errors |= other.td_errors
+            for agent, ids in other.experience_order.items():
+                self.experience_order.setdefault(agent, []).extend(ids)
+            self.memory_expiry |= other.memory_expiry
+            self.expired_acks += other.expired_acks
+
+
+def _epoch(value: Any) -> float | None:
+    """A timestamp from the API or either database as Unix time (SQLite's are naive UTC)."""
+    if value is None:
+        return None
+    when = value if isinstance(value, datetime) else datetime.fromisoformat(str(value))
+    return (when if when.tzinfo else when.replace(tzinfo=UTC)).timestamp()
 
 
 class SoakClient(LoadClient):
@@ -109,8 +155,9 @@ class SoakClient(LoadClient):
         super().__init__(number, *args)
         self.pacer = pacer
         self.ledger = SoakLedger()
-        self.memories: list[str] = []
-        self.experiences: list[str] = []
+        self.memories: dict[str, float | None] = {}  # the live ones: id, expires_at
+        self.experiences: list[str] = []  # the newest (the capacity's worth, when bounded)
+        self.capacity = self.args.replay_capacity if self.args.bounded else 0
 
     def call(self, op: str, method: str, path: str, body: Any = None) -> tuple[int, Any]:
         self.pacer.wait()
@@ -125,13 +172,29 @@ class SoakClient(LoadClient):
         return self.ledger
 
     def memory_store(self) -> None:
-        before = set(self.ledger.acked_memories)
-        super().memory_store()
-        self.memories += self.ledger.acked_memories - before
+        content = self.texts[self.rng.randrange(len(self.texts))]
+        sent = time.time()
+        status, body = self.call(
+            "memory store", "POST", "/memory/store", {"agent_id": self.agent, "content": content}
+        )
+        if status != 201 or not body:
+            return
+        point, expires = body["point_id"], _epoch(body["item"]["expires_at"])
+        self.ledger.acked_memories.add(point)
+        self.ledger.merged_memories += bool(body.get("duplicate"))
+        self.ledger.memory_expiry[point] = expires
+        # Expired before it was even sent: merged into a dead item (a slow answer may arrive
+        # after an item's expiry, which is no fault of the store).
+        self.ledger.expired_acks += expires is not None and expires <= sent
+        self.memories[point] = expires
 
     def memory_get(self) -> None:
+        now = time.time()
+        for point in [p for p, expires in self.memories.items() if expires and expires <= now]:
+            del self.memories[point]  # gone by its TTL: a GET would be a 404
         if self.memories:
-            self.call("memory get", "GET", f"/memory/{self.rng.choice(self.memories)}")
+            point = self.rng.choice(list(self.memories))
+            self.call("memory get", "GET", f"/memory/{point}")
 
     def memory_context(self) -> None:
         self.call(
@@ -146,10 +209,13 @@ class SoakClient(LoadClient):
             },
         )
 
-    def experience_ingest(self) -> None:
-        before = set(self.ledger.acked_experiences)
-        super().experience_ingest()
-        self.experiences += self.ledger.acked_experiences - before
+    def experience_ingest(self) -> list[str]:
+        acked = super().experience_ingest()
+        self.ledger.experience_order.setdefault(self.agent, []).extend(acked)
+        self.experiences += acked
+        if self.capacity:  # the rest were evicted: their TD errors cannot be updated
+            del self.experiences[: -self.capacity]
+        return acked
 
     def td_update(self) -> None:
         if not self.experiences:
@@ -195,7 +261,7 @@ def _fd_targets(pid: int) -> list[str]:
 
 @dataclass
 class Service:
-    """The three processes of the Procfile, each started as deployed."""
+    """The processes of the Procfile, each started as deployed."""
 
     processes: dict[str, subprocess.Popen[bytes]]
     port: int
@@ -229,18 +295,33 @@ def _healthy(port: int) -> bool:
 
 
 @contextmanager
-def service(env: dict[str, str], folder: Path) -> Iterator[Service]:
-    """gunicorn, the Celery worker and beat as the Procfile starts them; always stopped."""
+def service(env: dict[str, str], folder: Path, index_servers: int) -> Iterator[Service]:
+    """The index servers (unless `index_servers` is 0), gunicorn, the Celery worker and beat
+    as the Procfile starts them; always stopped."""
     port = _free_port()
     gunicorn = str(Path(sys.executable).parent / "gunicorn")
     celery = [sys.executable, "-m", "celery", "-A", "ferrum_memory"]
     name = f"soak-{os.getpid()}@%h"
+    index = [sys.executable, "manage.py", "memory_index_server", f"--servers={index_servers}"]
     commands = {
+        **({"index": index} if index_servers else {}),
         # Its default control socket is one per user ($HOME/.gunicorn): leave it to others.
         "gunicorn": [gunicorn, *GUNICORN_ARGS, "--no-control-socket"],
-        "worker": [*celery, "worker", "--loglevel=INFO", "--concurrency=2", f"--hostname={name}"],
+        "worker": [
+            # The service's app as `celery -A` runs it, its pool processes traced (--tracemalloc).
+            *(
+                [sys.executable, "bench/soak_celery.py"]
+                if env.get("SOAK_TRACEMALLOC_DIR")
+                else celery
+            ),
+            "worker",
+            "--loglevel=INFO",
+            "--concurrency=2",
+            f"--hostname={name}",
+        ],
         "beat": [*celery, "beat", "--loglevel=INFO", "--scheduler", BEAT_SCHEDULER],
     }
+    env = {**env, "VECTOR_INDEX_SERVERS": str(index_servers)}
     envs = {"gunicorn": {**env, "GUNICORN_BIND": f"127.0.0.1:{port}"}}
     processes: dict[str, subprocess.Popen[bytes]] = {}
     try:
@@ -310,16 +391,17 @@ def _alive(pid: int) -> bool:
     return Path(f"/proc/{pid}").exists()
 
 
-def _redis_clients(redis_url: str) -> int:
-    """Connections on the bench's Redis database but the one asking."""
+def _redis_figures(redis_url: str) -> tuple[int, int]:
+    """Connections on the bench's Redis database but the one asking, and its keys."""
     import redis
 
     client = redis.Redis.from_url(redis_url)
     db = client.connection_pool.connection_kwargs.get("db", 0)
     clients = client.client_list()
     me = client.client_id()
+    keys = int(client.dbsize())
     client.close()
-    return sum(1 for c in clients if int(c.get("db", -1)) == db and int(c["id"]) != me)
+    return sum(1 for c in clients if int(c.get("db", -1)) == db and int(c["id"]) != me), keys
 
 
 @dataclass
@@ -357,12 +439,8 @@ def sample(svc: Service, db: Database, redis_url: str, samples: Samples, minute:
         values[f"{role} fds"] = fds
     values["database connections"] = db.connections(svc)
     if redis_url:
-        values["redis connections"] = _redis_clients(redis_url)
-    for table, name in (
-        ("memory_memoryitem", "memory items"),
-        ("experience_experience", "experiences"),
-        ("agent_sessions_session", "sessions"),
-    ):
+        values["redis connections"], values["redis keys"] = _redis_figures(redis_url)
+    for name, table in DATA_TABLES.items():
         values[name] = db.rows(f"SELECT count(*) FROM {table}")[0][0]
     samples.add(minute, values)
     print(
@@ -392,48 +470,68 @@ def _id(value: Any) -> str:
         return str(value)
 
 
-def verify(ledger: SoakLedger, db: Database, port: int, key: str) -> list[tuple[str, str, bool]]:
+def experience_check(ledger: SoakLedger, db: Database, capacity: int) -> tuple[str, str, bool]:
+    """Each agent's newest `capacity` acknowledged experiences (all, without a capacity) are
+    in the database once, at their last acknowledged TD error; the older ones were evicted, as
+    many as the agent's removals counter says; nothing is stored without an ack."""
+    stored = Counter(r[0] for r in db.rows("SELECT experience_id FROM experience_experience"))
+    removals = dict(db.rows("SELECT agent_id, removals FROM experience_replaystate"))
+    kept: set[str] = set()
+    evicted = miscounted = 0
+    for agent, order in ledger.experience_order.items():
+        newest = order[-capacity:] if capacity else order
+        kept.update(newest)
+        evicted += len(order) - len(newest)
+        miscounted += removals.get(agent, 0) != len(order) - len(newest)
+    missing = len(kept - stored.keys())
+    twice = sum(1 for n in stored.values() if n > 1)
+    unacked = len((stored.keys() & ledger.sent_experiences) - ledger.acked_experiences)
+    stayed = len((ledger.acked_experiences - kept) & stored.keys())  # evicted out of turn
+    td = dict(db.rows("SELECT experience_id, td_error FROM experience_experience"))
+    updated = {eid: value for eid, value in ledger.td_errors.items() if eid in kept}
+    wrong_td = sum(1 for eid, value in updated.items() if td.get(eid) != value)
+    return (
+        "acknowledged experiences stored once (or evicted, oldest first)",
+        f"{len(ledger.acked_experiences):,} acknowledged: {len(kept):,} to keep"
+        + (f" (each agent's newest {capacity:,})" if capacity else "")
+        + f", {evicted:,} evicted ({miscounted} agents' removals counters off); {missing} "
+        f"missing, {twice} twice, {stayed} evicted ones still there, {unacked} stored without "
+        f"an ack; {len(updated):,} TD errors updated: {wrong_td} not at their last value",
+        missing == twice == unacked == stayed == miscounted == wrong_td == 0,
+    )
+
+
+def memory_check(ledger: SoakLedger, db: Database) -> tuple[str, str, bool]:
+    """Every acknowledged memory not expired is in the database; an expired one may be there
+    until the purge; no live content twice per agent; no store answered with a dead item."""
+    rows = db.rows("SELECT id, agent_id, content_hash, expires_at FROM memory_memoryitem")
+    now = time.time()  # after the read: what expired by now may have been purged before it
+    items = {_id(r[0]) for r in rows}
+    live_rows = [r for r in rows if (e := _epoch(r[3])) is None or e > now]
+    doubles = sum(1 for n in Counter((r[1], r[2]) for r in live_rows).values() if n > 1)
+    acked = {_id(m): expires for m, expires in ledger.memory_expiry.items()}
+    live = {m for m, expires in acked.items() if expires is None or expires > now}
+    lost = len(live - items)
+    purged = len(acked.keys() - live - items)
+    return (
+        "acknowledged memories stored once (or expired)",
+        f"{len(acked):,} distinct items acknowledged ({ledger.merged_memories} stores merged "
+        f"into an existing one): {len(live):,} live, {len(acked) - len(live):,} expired "
+        f"({purged:,} purged); {lost} live ones missing, {doubles} live contents twice, "
+        f"{ledger.expired_acks} stores answered with an item expired before it was sent",
+        lost == doubles == ledger.expired_acks == 0,
+    )
+
+
+def verify(
+    ledger: SoakLedger, db: Database, port: int, key: str, capacity: int
+) -> list[tuple[str, str, bool]]:
+    """The checks; `capacity` is each agent's replay capacity (0: none)."""
     checks: list[tuple[str, str, bool]] = []
     server_errors = sum(n for (_, status), n in ledger.statuses.items() if status >= 500)
     checks.append(("no 5xx", f"{server_errors} responses with a 5xx", server_errors == 0))
-
-    stored = Counter(r[0] for r in db.rows("SELECT experience_id FROM experience_experience"))
-    missing = len(ledger.acked_experiences - stored.keys())
-    twice = sum(1 for n in stored.values() if n > 1)
-    unacked = len((stored.keys() & ledger.sent_experiences) - ledger.acked_experiences)
-    checks.append(
-        (
-            "acknowledged experiences stored once",
-            f"{len(ledger.acked_experiences):,} acknowledged: {missing} missing, {twice} twice, "
-            f"{unacked} stored without an ack",
-            missing == twice == unacked == 0,
-        )
-    )
-    td = dict(db.rows("SELECT experience_id, td_error FROM experience_experience"))
-    wrong_td = sum(1 for eid, value in ledger.td_errors.items() if td.get(eid) != value)
-    checks.append(
-        (
-            "last acknowledged TD error kept",
-            f"{len(ledger.td_errors):,} experiences updated: {wrong_td} not at their last value",
-            wrong_td == 0,
-        )
-    )
-
-    items = Counter(_id(r[0]) for r in db.rows("SELECT id FROM memory_memoryitem"))
-    acked = {_id(m) for m in ledger.acked_memories}
-    doubles = db.rows(
-        "SELECT count(*) FROM (SELECT 1 FROM memory_memoryitem "
-        "GROUP BY agent_id, content_hash HAVING count(*) > 1) AS d"
-    )[0][0]
-    lost = len(acked - items.keys())
-    checks.append(
-        (
-            "acknowledged memories stored once",
-            f"{len(acked):,} distinct items acknowledged ({ledger.merged_memories} stores merged "
-            f"into an existing one): {lost} missing, {doubles} contents twice",
-            lost == doubles == 0,
-        )
-    )
+    checks.append(experience_check(ledger, db, capacity))
+    checks.append(memory_check(ledger, db))
 
     versions = {_id(s): v for s, v in db.rows("SELECT id, version FROM agent_sessions_session")}
     client = _Client(port, key)
@@ -491,6 +589,19 @@ def prepare(config: str, args: argparse.Namespace, data_dir: Path) -> dict[str, 
     )
     env.pop("DATABASE_URL", None)
     env.pop("SQLITE_PATH", None)
+    if args.bounded:
+        env.update(
+            DEFAULT_MEMORY_TTL=str(args.memory_ttl),
+            # Deletes leave tombstones for the indexes; kept for the TTL's length, not an hour,
+            # they are bounded within the warm-up too.
+            REPLAY_TOMBSTONE_RETENTION=str(args.memory_ttl),
+        )
+    if args.tracemalloc:
+        env.update(
+            SOAK_TRACEMALLOC_DIR=str(data_dir),
+            SOAK_TRACEMALLOC_START=str(args.warmup_minutes * 60),
+            SOAK_TRACEMALLOC_EVERY=str(args.sample_seconds * 5),
+        )
     if config == "postgres":
         import psycopg
         import redis
@@ -505,7 +616,29 @@ def prepare(config: str, args: argparse.Namespace, data_dir: Path) -> dict[str, 
         )
     _manage(env, "migrate", "--noinput")
     _manage(env, "init_broker")
+    if args.bounded:  # the schedules migrate created, as an operator edits them in the admin
+        _manage(
+            env,
+            "shell",
+            "-c",
+            "from django_celery_beat.models import IntervalSchedule, PeriodicTask\n"
+            "every, _ = IntervalSchedule.objects.get_or_create("
+            f"every={PURGE_EVERY_SECONDS}, period=IntervalSchedule.SECONDS)\n"
+            f"assert PeriodicTask.objects.filter(name__in={list(PURGE_SCHEDULES)!r})"
+            f".update(interval=every) == {len(PURGE_SCHEDULES)}",
+        )
     return env
+
+
+def bound_replay(port: int, key: str, agents: list[str], capacity: int) -> None:
+    """Each client's agent gets its capacity (FIFO) through the API, before its first ingest."""
+    client = _Client(port, key)
+    for agent in agents:
+        body = {"agent_id": agent, "max_size": capacity, "remover": "fifo"}
+        status, content = client.send("PUT", "/experience/settings", json.dumps(body).encode())
+        if status != 200:
+            raise RuntimeError(f"PUT /experience/settings: HTTP {status}: {content[:300]!r}")
+    client.close()
 
 
 def soak(config: str, args: argparse.Namespace) -> bool:
@@ -522,7 +655,7 @@ def soak(config: str, args: argparse.Namespace) -> bool:
         redis_url = args.redis_url if config == "postgres" else ""
         samples = Samples()
         with ExitStack() as stack:
-            svc = stack.enter_context(service(env, folder))
+            svc = stack.enter_context(service(env, folder, args.index_servers))
             pacer = Pacer(args.rate)
             share = len(texts) // args.clients
             clients = [
@@ -531,6 +664,8 @@ def soak(config: str, args: argparse.Namespace) -> bool:
                 )
                 for i in range(args.clients)
             ]
+            if args.bounded:
+                bound_replay(svc.port, key, [c.agent for c in clients], args.replay_capacity)
             ledgers: list[Ledger] = []
             # Samples start after the warm-up: the models loading and the first indexes being
             # built are a step at the start, not a trend.
@@ -555,11 +690,16 @@ def soak(config: str, args: argparse.Namespace) -> bool:
             ledger = SoakLedger()
             for one in ledgers:
                 ledger.merge(one)
-            checks = verify(ledger, db, svc.port, key)
+            capacity = args.replay_capacity if args.bounded else 0
+            checks = verify(ledger, db, svc.port, key, capacity)
             if config == "embedded":
                 integrity = db.rows("PRAGMA integrity_check")[0][0]
                 checks.append(("SQLite integrity_check", integrity, integrity == "ok"))
             report(config, args, samples, ledger, checks, elapsed)
+            if args.tracemalloc:
+                Path(args.tracemalloc).mkdir(parents=True, exist_ok=True)
+                for found in sorted(folder.glob("*-tracemalloc-*.txt")):
+                    shutil.copy(found, Path(args.tracemalloc) / f"{config}-{found.name}")
             if args.json:
                 with Path(args.json).open("a") as out:
                     out.write(
@@ -590,11 +730,23 @@ def report(
         if config == "embedded"
         else f"PostgreSQL {args.database} + Redis {args.redis_url}"
     )
+    data = (
+        f"data bounded: each agent's replay capacity {args.replay_capacity:,} (FIFO), memories "
+        f"expire after {args.memory_ttl} s (purged every {PURGE_EVERY_SECONDS} s)"
+        if args.bounded
+        else "data unbounded: every write kept"
+    )
+    index = (
+        f"{args.index_servers} vector index servers"
+        if args.index_servers
+        else "an index in each process"
+    )
     print(
         f"\n## soak, {what}: {elapsed / 60:.1f} min ({args.warmup_minutes:g} of warm-up, then "
         f"{len(samples.minutes)} samples every {args.sample_seconds:g} s), {args.clients} "
         f"clients paced at {args.rate:g} requests/s ({total:,} requests, "
-        f"{total / elapsed:.1f}/s); gunicorn as deployed, Celery worker (prefork, 2), beat\n"
+        f"{total / elapsed:.1f}/s); {index}, gunicorn as deployed, Celery worker (prefork, 2), "
+        f"beat; {data}\n"
     )
     rows = []
     for name, values in samples.series.items():
@@ -621,6 +773,27 @@ def report(
         ("series", "first", "last", "min", "max", "slope/h", "slope/h / first", "2nd half slope/h"),
         rows,
     )
+    print()
+    # The data at each sample beside the load, so a reader sees what the memory grew with.
+    sizes = [name for name in (*DATA_TABLES, "redis keys") if name in samples.series]
+    _print_table(
+        ("minute", "load", *sizes),
+        [
+            (
+                f"{minute:.1f}",
+                f"{load:.2f}",
+                *(f"{samples.series[name][i] or 0:,.0f}" for name in sizes),
+            )
+            for i, (minute, load) in enumerate(zip(samples.minutes, samples.loads, strict=True))
+        ],
+    )
+    if args.bounded:
+        bound = args.clients * args.replay_capacity
+        first = samples.series["experiences"][0] or 0
+        print(
+            f"\nexperiences at the first sample: {first:,.0f} of the {bound:,} the capacity "
+            "keeps" + ("" if first >= bound else " (**not reached**: a longer warm-up)")
+        )
     print()
     by_op = []
     for op, times in sorted(ledger.latencies.items()):
@@ -657,7 +830,34 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--clients", type=int, default=4, help="client threads")
     parser.add_argument("--sample-seconds", type=float, default=60.0)
     parser.add_argument(
-        "--warmup-minutes", type=float, default=2.0, help="of load before the first sample"
+        "--warmup-minutes",
+        type=float,
+        default=8.0,
+        help="of load before the first sample: bounded, the data must reach its bounds by then",
+    )
+    parser.add_argument(
+        "--unbounded",
+        dest="bounded",
+        action="store_false",
+        help="keep every write: no replay capacity, no memory TTL (the data grows)",
+    )
+    parser.add_argument(
+        "--replay-capacity", type=int, default=1000, help="experiences per agent (bounded)"
+    )
+    parser.add_argument(
+        "--memory-ttl", type=int, default=300, help="seconds a memory lives (bounded)"
+    )
+    parser.add_argument(
+        "--index-servers",
+        type=int,
+        default=2,
+        help="vector index servers, as the Procfile; 0: an index in each web and worker process",
+    )
+    parser.add_argument(
+        "--tracemalloc",
+        metavar="DIR",
+        help="web workers trace their allocations; each one's growth since the warm-up "
+        "(the largest sites) is copied to DIR (slows the service: not for slopes)",
     )
     parser.add_argument("--ingest-batch", type=int, default=5, help="experiences per POST")
     parser.add_argument(
@@ -670,7 +870,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--json", help="append each config's samples to this file (JSON lines)")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
+    if args.bounded and args.clients > len(AGENTS):
+        parser.error(f"bounded, each client is one agent: at most {len(AGENTS)} clients")
     random.seed(args.seed)
+    # Stopped with a SIGTERM (a timeout, a kill), it still stops the service it started.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     print(f"# bench/soak.py, load {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     results = [soak(config, args) for config in args.config]
     sys.exit(0 if all(results) else 1)

@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 from django.conf import settings
 from django.db import transaction
-from django.db.models import F, Max, QuerySet
+from django.db.models import F, Max, Q, QuerySet
 from django.utils import timezone
 
 from ferrum_memory.core.exceptions import Conflict, NotFound, ServiceError
@@ -148,6 +148,10 @@ def memory_store_many(
     return [StoredMemory(item, duplicate, indexed) for item, duplicate in results]
 
 
+def _live(now: datetime) -> QuerySet[MemoryItem]:
+    return MemoryItem.objects.filter(Q(expires_at__isnull=True) | Q(expires_at__gt=now))
+
+
 def _store_rows(
     items: Sequence[dict[str, Any]],
     vectors: np.ndarray,
@@ -163,7 +167,9 @@ def _store_rows(
     next_position: dict[tuple[str, str], int] = {}
     for item, vector, near_id in zip(items, vectors, near, strict=True):
         digest = content_hash(item["content"])
-        target = MemoryItem.objects.filter(agent_id=item["agent_id"], content_hash=digest).first()
+        # Live items only, as the near-duplicate search: merged into an expired item (which
+        # the purge deletes next), a store would answer 201 for a memory already gone.
+        target = _live(now).filter(agent_id=item["agent_id"], content_hash=digest).first()
         duplicate = "exact" if target else ""
         if target is None:
             target = next(
@@ -371,7 +377,8 @@ def memory_update(
         if vector is not None:
             digest = content_hash(content or "")
             target = (
-                MemoryItem.objects.filter(agent_id=row.agent_id, content_hash=digest)
+                _live(now)
+                .filter(agent_id=row.agent_id, content_hash=digest)
                 .exclude(pk=row.pk)
                 .first()
             )

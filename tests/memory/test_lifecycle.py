@@ -6,7 +6,7 @@ import pytest
 from django.utils import timezone
 
 from memory.models import MemoryEvent, MemoryItem
-from memory.services import memory_purge_expired
+from memory.services import memory_purge_expired, memory_store_many
 from tests.memory.test_api import FACTS, search, store
 
 pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("vector_engine")]
@@ -175,6 +175,20 @@ def test_expiry_is_an_event(api_client):
     assert memory_purge_expired(now=timezone.now() + timedelta(seconds=5)) == 1
     expired = history(api_client, point)[-1]
     assert expired["kind"] == "expired" and expired["actor"] == ""
+
+
+def test_a_store_matching_an_expired_item_is_a_new_live_item(api_client):
+    # Until the purge deletes it, an expired item is still a row with the same content hash:
+    # merged into it, the store would answer 201 for a memory that no GET or search finds.
+    stored_before = timezone.now() - timedelta(seconds=10)
+    item = {"agent_id": "a", "content": FACTS[0], "ttl_seconds": 1}
+    old = str(memory_store_many(items=[item], now=stored_before)[0].item.pk)
+    again = store(api_client, FACTS[0])
+    assert again["duplicate"] == "" and again["point_id"] != old
+    assert api_client.get(f"/memory/{again['point_id']}").status_code == 200
+    assert search(api_client, FACTS[0]) == [FACTS[0]]
+    assert memory_purge_expired() == 1
+    assert api_client.get(f"/memory/{again['point_id']}").status_code == 200
 
 
 def test_consolidation_items_are_marked_in_their_history(api_client):

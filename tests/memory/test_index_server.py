@@ -220,6 +220,10 @@ def test_index_servers_beside_gunicorn_as_deployed(tmp_path):
             health = http.get(f"{url}/health", timeout=60).json()
             assert "IndexServers" in str(health)
             children = Path(f"/proc/{command.pid}/task/{command.pid}/children")
+            # The servers indexed and answered without the dense model: the web process
+            # embedded the query, and the vectors stored come from the DB.
+            for pid in children.read_text().split():
+                assert "onnxruntime" not in Path(f"/proc/{pid}/maps").read_text()
             killed = int(children.read_text().split()[0])
             os.kill(killed, signal.SIGKILL)
             for _ in range(3):

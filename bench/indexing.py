@@ -498,7 +498,7 @@ def part_scale(args: argparse.Namespace) -> None:
     _, questions = locomo()
     rows = []
     for n in args.scale_items:
-        for per_agent in (100, n):
+        for per_agent in (each or n for each in args.per_agent):
             for layout in args.layouts:
                 for code in args.code:
                     with tempfile.TemporaryDirectory(prefix="bench-indexing-") as folder:
@@ -644,6 +644,13 @@ def main() -> None:
         "--preload", type=int, default=0, help="stall: items the ingesting agent holds at start"
     )
     parser.add_argument("--scale-items", type=int, nargs="+", default=[100_000])
+    parser.add_argument(
+        "--per-agent",
+        type=int,
+        nargs="+",
+        default=[100, 0],
+        help="scale: items per agent, 0 for all in one agent",
+    )
     parser.add_argument("--repeats", type=int, default=200, help="scale: searches timed")
     parser.add_argument("--seed", type=int, default=17)
     parser.add_argument(

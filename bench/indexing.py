@@ -6,7 +6,8 @@ SQLite, qdrant-edge), once per index layout (``--layouts``), side by side in one
 - ``in-process``: VECTOR_INDEX_SERVERS=0, each web process keeps its own index and builds its
   graphs inside the request whose catch-up crosses the optimizer's threshold (before issue 17);
 - ``servers``: VECTOR_INDEX_SERVERS=2 and ``manage.py memory_index_server``: two index server
-  processes hold the index and build graphs off every request's path (memory.index_server).
+  processes hold the index and build graphs off every request's path (memory.index_server);
+- ``1-server`` (not run unless asked): VECTOR_INDEX_SERVERS=1, one index server process.
 
 Parts:
 
@@ -20,7 +21,8 @@ Parts:
   LoCoMo and SciFact texts with their real embeddings, perturbed copies beyond the distinct
   texts), as one agent and as agents of 100; then the rebuild time (the index built from the DB
   until its graphs are done), search p50/p95 over HTTP (1 client, real LoCoMo questions) and
-  each process's resident memory.
+  each process's resident memory (with the servers, a Celery worker's too, once it ran an index
+  task). ``--code`` runs the service from other checkouts too (before and after a change).
 
 The API throttle is raised for the run (API_THROTTLE_RATE): the bench measures the index, not
 the rate limit. Nothing here is a test: the issue's targets are printed beside the figures.
@@ -54,7 +56,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 DATA = ROOT.parent / "shared" / "data"
 BIN = Path(sys.executable).parent
-LAYOUTS = {"in-process": "0", "servers": "2"}
+LAYOUTS = {"in-process": "0", "servers": "2", "1-server": "1"}  # layout: VECTOR_INDEX_SERVERS
 SCALED_OUT = ("DATABASE_URL", "REDIS_URL", "CELERY_BROKER_URL", "QDRANT_URL")
 WRITER, READER = "ingest", "reader"
 READER_ITEMS = 100
@@ -121,10 +123,10 @@ def _free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def manage(env: dict[str, str], *args: str) -> str:
+def manage(env: dict[str, str], *args: str, code: Path = ROOT) -> str:
     done = subprocess.run(
         [sys.executable, "manage.py", *args],
-        cwd=ROOT,
+        cwd=code,
         env=env,
         capture_output=True,
         text=True,
@@ -176,7 +178,11 @@ def base_env(data_dir: Path) -> dict[str, str]:
 
 
 @contextmanager
-def service(data_dir: Path, servers: str) -> Iterator[Service]:
+def service(
+    data_dir: Path, servers: str, *, code: Path = ROOT, worker: bool = False
+) -> Iterator[Service]:
+    """gunicorn (and the index servers, and with `worker` a Celery worker as the Procfile's)
+    on `data_dir`, run from the checkout `code` (another one's code measured beside this)."""
     port = _free_port()
     env = base_env(data_dir)
     env.update(
@@ -185,8 +191,8 @@ def service(data_dir: Path, servers: str) -> Iterator[Service]:
         API_THROTTLE_RATE="1000000/min",
         LOG_LEVEL="WARNING",
     )
-    manage(env, "migrate", "--noinput")
-    key = manage(env, "create_api_key", "bench").splitlines()[-1]
+    manage(env, "migrate", "--noinput", code=code)
+    key = manage(env, "create_api_key", "bench", code=code).splitlines()[-1]
     svc = Service(f"http://127.0.0.1:{port}", key, env)
     logs = []
     try:
@@ -195,7 +201,7 @@ def service(data_dir: Path, servers: str) -> Iterator[Service]:
             logs.append(log)
             svc.processes["index server"] = subprocess.Popen(
                 [sys.executable, "manage.py", "memory_index_server"],
-                cwd=ROOT,
+                cwd=code,
                 env={**env, "LOG_LEVEL": "INFO"},  # its graph builds, which scale waits for
                 stdout=log,
                 stderr=subprocess.STDOUT,
@@ -209,11 +215,28 @@ def service(data_dir: Path, servers: str) -> Iterator[Service]:
                 "--config=gunicorn.conf.py",
                 "--no-control-socket",  # one per machine: other gunicorns may run here
             ],
-            cwd=ROOT,
+            cwd=code,
             env=env,
             stdout=log,
             stderr=subprocess.STDOUT,
         )
+        if worker:
+            log = (data_dir / "worker.log").open("w")
+            logs.append(log)
+            svc.processes["worker"] = subprocess.Popen(
+                [
+                    str(BIN / "celery"),
+                    "-A",
+                    "ferrum_memory",
+                    "worker",
+                    "--loglevel=INFO",
+                    "--concurrency=2",
+                ],
+                cwd=code,
+                env=env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
         deadline = time.monotonic() + 600
         while True:
             try:
@@ -475,14 +498,17 @@ def part_scale(args: argparse.Namespace) -> None:
     _, questions = locomo()
     rows = []
     for n in args.scale_items:
-        for per_agent in (100, n):
+        for per_agent in (each or n for each in args.per_agent):
             for layout in args.layouts:
-                with tempfile.TemporaryDirectory(prefix="bench-indexing-") as folder:
-                    rows.append(scale_run(Path(folder), layout, n, per_agent, questions, args))
-                print("  " + " | ".join(rows[-1]), file=sys.stderr, flush=True)
+                for code in args.code:
+                    with tempfile.TemporaryDirectory(prefix="bench-indexing-") as folder:
+                        run = scale_run(Path(folder), layout, n, per_agent, questions, args, code)
+                    rows.append((code.name, *run))
+                    print("  " + " | ".join(rows[-1]), file=sys.stderr, flush=True)
     print("\n## scale: search over HTTP (1 client, hybrid, limit 10), rebuild, memory\n")
     print_table(
         (
+            "code",
             "items",
             "per agent",
             "layout",
@@ -504,6 +530,7 @@ def scale_run(
     per_agent: int,
     questions: list[str],
     args: argparse.Namespace,
+    code: Path,
 ) -> tuple[str, ...]:
     env = base_env(folder)
     manage(env, "migrate", "--noinput")
@@ -513,14 +540,18 @@ def scale_run(
     if layout == "in-process":
         # One shard folder per web worker, built here: a worker building 10^5 items inside its
         # first request holds the GIL past gunicorn's 60 s timeout and is killed (and again).
-        code = f"""
+        # With the code measured (`code`'s own bench/indexing.py).
+        script = f"""
 import sys
-sys.path.insert(0, {str(ROOT / "bench")!r})
+sys.path.insert(0, {str(code / "bench")!r})
 from indexing import _prebuild_here
 _prebuild_here({WEB_WORKERS})
 """
-        subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, check=True)
-    with service(folder, LAYOUTS[layout]) as svc:
+        subprocess.run([sys.executable, "-c", script], cwd=code, env=env, check=True)
+    # A Celery worker as the Procfile's, with the servers only: in-process, each of its pool
+    # processes would build a copy of the index of its own, as a web process does.
+    servers = int(LAYOUTS[layout])
+    with service(folder, LAYOUTS[layout], code=code, worker=servers > 0) as svc:
         # Build time: in-process, building each worker's shard (above) until both answer;
         # servers, the servers' first catch-up and graph builds, one server after the other.
         http = session(svc)
@@ -528,14 +559,16 @@ _prebuild_here({WEB_WORKERS})
         warm = {"agent_id": "agent-00000", "query": questions[0], "limit": 10}
         for _ in range(4):  # reaches both web processes
             post(http, f"{svc.url}/memory/search", warm, 200)
-        if layout == "servers":
-            _wait_built(folder)
+        if servers:
+            _wait_built(folder, servers)
         rebuild = time.perf_counter() - start
         times = []
         for i in range(args.repeats):
             agent = f"agent-{(i * 7919) % agents:05d}"
             body = {"agent_id": agent, "query": questions[i % len(questions)], "limit": 10}
             times.append(post(http, f"{svc.url}/memory/search", body, 200))
+        if servers:  # the worker's pool process that runs an index task
+            _run_catch_up_task(svc, folder, code)
         rss = svc.rss_mb()
     p50, p95 = statistics.median(times), float(np.percentile(times, 95))
     return (
@@ -566,14 +599,24 @@ def _prebuild_here(workers: int) -> None:
         index.close()
 
 
-def _wait_built(folder: Path) -> None:
-    """Until both servers logged a graph build and neither is busy."""
+def _run_catch_up_task(svc: Service, folder: Path, code: Path) -> None:
+    """Queue memory.index_catch_up (what beat queues every minute) and wait for its end."""
+    send = "from memory.tasks import index_catch_up; index_catch_up.delay()"
+    manage(svc.env, "shell", "-c", send, code=code)
+    log = folder / "worker.log"
+    deadline = time.monotonic() + 600
+    while "succeeded" not in log.read_text() and time.monotonic() < deadline:
+        time.sleep(1)
+
+
+def _wait_built(folder: Path, servers: int) -> None:
+    """Until every server logged a graph build and none is busy."""
     log = folder / "index-servers.log"
     deadline = time.monotonic() + 3 * 3600
     while time.monotonic() < deadline:
         text = log.read_text() if log.exists() else ""
         busy = list((folder / "qdrant-edge").glob("*.busy"))
-        if text.count("built graphs") >= 2 and not busy:
+        if text.count("built graphs") >= servers and not busy:
             return
         time.sleep(1)
 
@@ -593,14 +636,30 @@ def print_table(header: tuple[str, ...], rows: list[tuple[str, ...]]) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--part", nargs="+", default=["stall", "scale"], choices=["stall", "scale"])
-    parser.add_argument("--layouts", nargs="+", default=list(LAYOUTS), choices=list(LAYOUTS))
+    parser.add_argument(
+        "--layouts", nargs="+", default=["in-process", "servers"], choices=list(LAYOUTS)
+    )
     parser.add_argument("--items", type=int, default=50_000, help="stall: items ingested")
     parser.add_argument(
         "--preload", type=int, default=0, help="stall: items the ingesting agent holds at start"
     )
     parser.add_argument("--scale-items", type=int, nargs="+", default=[100_000])
+    parser.add_argument(
+        "--per-agent",
+        type=int,
+        nargs="+",
+        default=[100, 0],
+        help="scale: items per agent, 0 for all in one agent",
+    )
     parser.add_argument("--repeats", type=int, default=200, help="scale: searches timed")
     parser.add_argument("--seed", type=int, default=17)
+    parser.add_argument(
+        "--code",
+        type=lambda path: Path(path).resolve(),
+        nargs="+",
+        default=[ROOT],
+        help="scale: run the service from these checkouts in turn (before and after a change)",
+    )
     args = parser.parse_args()
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(1))  # stop the service it started
     print(f"load at start: {load()}")

@@ -58,12 +58,10 @@ def check_vector_index() -> dict[str, Any]:
     from ferrum_memory.core.health import REBUILDING
     from ferrum_memory.core.revisions import revision_state
 
-    from .embeddings import get_embedder
     from .vector_index import get_vector_index
 
     index = get_vector_index()
     if index.cursor < 0:
-        get_embedder()  # loading the model is no rebuild: it is waited for, as before
         with _build_lock:
             if _build is None:
                 _build = _builder.submit(_build_index, index)

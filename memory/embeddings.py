@@ -22,6 +22,7 @@ from ferrum_memory.core.metrics import EMBEDDING_BATCH_SIZE, EMBEDDING_SECONDS
 from ferrum_memory.core.telemetry import traced
 
 DEFAULT_MODEL = "sentence-transformers/all-MiniLM-L6-v2"
+DEFAULT_DIM = 384
 # sentence-transformers' max_seq_length for MiniLM-L6-v2.
 MINILM_MAX_LENGTH = 256
 MINILM_SPECIAL_TOKENS = {
@@ -91,20 +92,44 @@ def _minilm_int8_dir(root: Path) -> Path:
 
 
 class Embedder:
-    """Dense embeddings (fastembed) and BM25 sparse vectors (identical to Qdrant/bm25)."""
+    """Dense embeddings (fastembed) and BM25 sparse vectors (identical to Qdrant/bm25).
+
+    The dense model is loaded on first use: an index server only makes BM25 vectors (the dense
+    ones come from the DB, queries embedded by its clients), and fastembed with the model would
+    cost it ~215 MB of its resident memory for nothing."""
 
     def __init__(self, model_name: str, model_path: str = "") -> None:
-        os.environ.setdefault("HF_HUB_OFFLINE", "1")  # never reach for a hub at run time
-        from fastembed import TextEmbedding
         from qdrant_edge import Bm25, Bm25Config
 
-        if not model_path and model_name == DEFAULT_MODEL:
-            model_path = str(_minilm_int8_dir(settings.DATA_DIR / "models"))
-        kwargs: dict[str, Any] = {"specific_model_path": model_path} if model_path else {}
         self.model_name = model_name
-        self._dense = TextEmbedding(model_name, threads=settings.FASTEMBED_THREADS, **kwargs)
+        self._model_path = model_path
         self._bm25 = Bm25(Bm25Config())
-        self.dim = int(self.embed_query("dimension probe").shape[0])
+        self._dense_model: Any = None
+        self._dense_lock = threading.Lock()
+        # The default model's width is known; another's is found by embedding a probe.
+        self._dim = DEFAULT_DIM if (model_name, model_path) == (DEFAULT_MODEL, "") else None
+
+    @property
+    def dim(self) -> int:
+        if self._dim is None:
+            self._dim = int(self.embed_query("dimension probe").shape[0])
+        return self._dim
+
+    @property
+    def _dense(self) -> Any:
+        with self._dense_lock:
+            if self._dense_model is None:
+                os.environ.setdefault("HF_HUB_OFFLINE", "1")  # never reach for a hub at run time
+                from fastembed import TextEmbedding
+
+                path = self._model_path
+                if not path and self.model_name == DEFAULT_MODEL:
+                    path = str(_minilm_int8_dir(settings.DATA_DIR / "models"))
+                kwargs: dict[str, Any] = {"specific_model_path": path} if path else {}
+                self._dense_model = TextEmbedding(
+                    self.model_name, threads=settings.FASTEMBED_THREADS, **kwargs
+                )
+            return self._dense_model
 
     @traced(
         "embedding.documents",

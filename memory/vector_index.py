@@ -13,6 +13,7 @@ purge horizon, an index made by another embedding model or a lost state means a 
 The only modules importing the Qdrant clients are this one and memory.embeddings.
 """
 
+import ctypes
 import fcntl
 import json
 import logging
@@ -255,8 +256,31 @@ class EdgeEngine:
         and a plain segment is searched by scanning every vector. A no-op costs ~0.1 ms; a
         segment past the optimizer's threshold costs seconds, holding the GIL all along (so
         a thread of the same process would stall it just the same): see memory.index_server.
-        True when it built something."""
-        return bool(self._shard_to_write().optimize())
+        True when it built something.
+
+        A build leaves the shard holding its scratch memory (measured at 10^5 points of one
+        agent: 661 MB resident after the build, 317 MB once the shard was closed and loaded
+        again), so the shard is reopened after one, by the caller's lock (an index server's
+        busy window): ~0.4 s at 6 x 10^4 points."""
+        built = bool(self._shard_to_write().optimize())
+        if built:
+            self._reopen()
+        return built
+
+    def _reopen(self) -> None:
+        """Close the shard and load it again from disk, then give the freed memory back to the
+        system (glibc keeps what the shard freed otherwise). A shard that does not load is
+        rebuilt from the DB by the next catch-up, as at start."""
+        from qdrant_edge import EdgeShard
+
+        self._need_shard().flush()  # what the state's cursor counts stays on disk
+        self._close_shard()
+        try:
+            self._shard = EdgeShard.load(str(self._path / "shard"))
+        except Exception:  # rebuilt from the DB, as a damaged shard at start
+            logger.exception("qdrant-edge shard at %s did not load again; rebuilding", self._path)
+            self._state = None
+        release_freed_memory()
 
     def delete(self, ids: list[uuid.UUID]) -> None:
         from qdrant_edge import UpdateOperation
@@ -320,6 +344,16 @@ class EdgeEngine:
         """Close the shard and give its folder back for the next process."""
         self._close_shard()
         self._lock_file.close()
+
+
+def release_freed_memory() -> None:
+    """Return the C heap's free pages to the system (glibc's malloc_trim; elsewhere nothing)."""
+    try:
+        libc = ctypes.CDLL(None)
+        trim = libc.malloc_trim
+    except (OSError, AttributeError):
+        return
+    trim(0)
 
 
 def _id_scores(hits: Iterable[Any]) -> list[tuple[uuid.UUID, float]]:

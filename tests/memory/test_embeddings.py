@@ -1,6 +1,6 @@
 import numpy as np
 
-from memory.embeddings import DOCUMENT_BATCH, get_embedder
+from memory.embeddings import DEFAULT_DIM, DEFAULT_MODEL, DOCUMENT_BATCH, Embedder, get_embedder
 
 
 def test_documents_are_embedded_by_length_and_returned_in_the_order_given():
@@ -20,3 +20,12 @@ def test_documents_are_embedded_by_length_and_returned_in_the_order_given():
     np.testing.assert_allclose(together, alone, atol=1e-3)
     # Rows are not all alike, so a mix-up of rows could not pass the check above.
     assert (together @ together.T)[~np.eye(len(texts), dtype=bool)].min() < 0.9
+
+
+def test_the_dense_model_loads_on_first_use_and_the_default_width_is_its_own():
+    """An index server only makes BM25 vectors: it must not pay for the dense model."""
+    embedder = Embedder(DEFAULT_MODEL)
+    assert embedder.sparse_document("the harbour at dawn").indices
+    assert embedder.dim == DEFAULT_DIM and embedder._dense_model is None
+    assert embedder.embed_query("the harbour at dawn").shape == (DEFAULT_DIM,)
+    assert embedder._dense_model is not None

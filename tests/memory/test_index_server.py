@@ -110,7 +110,12 @@ def test_a_server_building_graphs_is_marked_busy_and_skipped(servers, settings, 
     assert builder.optimize_when_due() is True
     assert seen_busy == [True, True]
     assert not busy_path(builder.slot).exists() and not builder.index.optimize_due()
-    assert shard.info().indexed_vectors_count == 2 * len(texts)
+    # The build's shard was closed and loaded again (to give back the build's memory) before
+    # the server stopped being busy; the graphs it built are on disk.
+    reopened = builder.index.engine._need_shard()
+    assert reopened is not shard
+    assert reopened.info().indexed_vectors_count == 2 * len(texts)
+    assert len(indexed_ids(builder.index, "a", "harbour")) == len(texts)
     assert builder.optimize_when_due() is False  # nothing added since
 
 
@@ -215,6 +220,10 @@ def test_index_servers_beside_gunicorn_as_deployed(tmp_path):
             health = http.get(f"{url}/health", timeout=60).json()
             assert "IndexServers" in str(health)
             children = Path(f"/proc/{command.pid}/task/{command.pid}/children")
+            # The servers indexed and answered without the dense model: the web process
+            # embedded the query, and the vectors stored come from the DB.
+            for pid in children.read_text().split():
+                assert "onnxruntime" not in Path(f"/proc/{pid}/maps").read_text()
             killed = int(children.read_text().split()[0])
             os.kill(killed, signal.SIGKILL)
             for _ in range(3):
@@ -231,3 +240,33 @@ def test_index_servers_beside_gunicorn_as_deployed(tmp_path):
             command.terminate()
             assert command.wait(timeout=60) == 0
         assert not children.exists() or children.read_text().split() == []
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_shard_that_does_not_load_again_after_a_build_is_rebuilt_from_the_db(
+    settings, tmp_path, monkeypatch
+):
+    """A build closes the shard and loads it again; should that load fail, the next catch-up
+    rebuilds from the DB, as a process does on a damaged shard at start."""
+    import qdrant_edge
+
+    settings.DATA_DIR = tmp_path
+    settings.MEMORY_NEAR_DUPLICATE = 1.01
+    monkeypatch.setattr(vector_index, "HNSW_FULL_SCAN_KB", 1)  # graphs from the first KB on
+    texts = [f"note {n} about the {w} harbour" for n in range(6) for w in ("red", "blue")]
+    memory_store_many(items=[{"agent_id": "a", "content": text} for text in texts])
+    index = VectorIndex(EdgeEngine(tmp_path / "edge"), optimize_inline=False)
+    index.catch_up()
+
+    class Unloadable:
+        @staticmethod
+        def load(path: str) -> Any:
+            raise OSError(f"cannot load {path}")
+
+    with monkeypatch.context() as failing:
+        failing.setattr(qdrant_edge, "EdgeShard", Unloadable)
+        index.optimize()
+    assert index.cursor == -1  # no shard: the next catch-up rebuilds
+    assert len(indexed_ids(index, "a", "harbour")) == len(texts)
+    assert index.cursor >= 0
+    index.close()

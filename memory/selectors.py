@@ -19,7 +19,7 @@ from ferrum_memory.core.telemetry import traced
 
 from .embeddings import Embedder, get_embedder, get_reranker
 from .models import MemoryEvent, MemoryItem
-from .vector_index import PREFETCH, SearchFilter, get_vector_index
+from .vector_index import SearchFilter, get_vector_index
 
 # Candidates a reranker reorders, per result asked for.
 RERANK_POOL = 3
@@ -118,13 +118,12 @@ def term_share(embedder: Embedder, query_terms: set[int], content: str) -> float
 # around it (the question names what the previous turn said, the answer is in the next). Each
 # episodic hit with a session and a position gains MEMORY_NEIGHBOUR_WEIGHT (a setting, 0.3) times
 # how far the best of its two adjacent items (same session, position one before or after) scores
-# above the lowest fused score seen: the top CONTEXT_POOL of the fused pool, which the index hands
-# back for this. An adjacent item not among them adds nothing, so other items (no session, or not
-# episodic) rank as fused. Measured through the service (bench/retrieval.py, LoCoMo): turn
-# recall@10 0.751 -> 0.774, strict 0.676 -> 0.704, session recall@10 0.945 -> 0.938 (turns of one
-# session crowd the top 10); SciFact unchanged (no sessions). bench/levers.py: 0.3 is the best of
+# above the lowest fused score of the pool: every candidate the hybrid search pooled (each mode's
+# top PREFETCH), which the index hands back whole for this. An adjacent item outside the pool
+# adds nothing, so other items (no session, or not episodic) rank as fused. Measured through the
+# service (bench/retrieval.py, LoCoMo): turn recall@10 0.751 -> 0.774 with the pool's top 50 only,
+# FIXME with the whole pool; SciFact unchanged (no sessions). bench/levers.py: 0.3 is the best of
 # 0.2 to 0.5.
-CONTEXT_POOL = PREFETCH
 
 
 def session_places(point_ids: Sequence[Any]) -> dict[Any, tuple[str, int]]:
@@ -224,11 +223,7 @@ def memory_search(
     neighbour_weight = settings.MEMORY_NEIGHBOUR_WEIGHT
     context = mode == "hybrid" and neighbour_weight > 0
     hits = get_vector_index().search(
-        mode=mode,
-        dense=dense.tolist(),
-        sparse=sparse,
-        flt=flt,
-        limit=max(pool, CONTEXT_POOL) if context else pool,
+        mode=mode, dense=dense.tolist(), sparse=sparse, flt=flt, limit=pool, whole_pool=context
     )
     if context:
         places = session_places([pk for pk, _ in hits])

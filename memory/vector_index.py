@@ -664,14 +664,24 @@ class VectorIndex:
         result_count=len,
     )
     def search(
-        self, *, mode: str, dense: list[float], sparse: SparseVector, flt: SearchFilter, limit: int
+        self,
+        *,
+        mode: str,
+        dense: list[float],
+        sparse: SparseVector,
+        flt: SearchFilter,
+        limit: int,
+        whole_pool: bool = False,
     ) -> list[tuple[uuid.UUID, float]]:
+        """The top `limit` hits; hybrid with `whole_pool`: every pooled candidate, fused (the
+        pool is the same either way: each mode's top max(PREFETCH, limit))."""
         # One thread at a time: a shard is not shared between threads mid-update.
         with self._lock:
             try:
                 self._catch_up_unless_disk_full()
                 if mode == "hybrid":
-                    return self._hybrid_search(dense=dense, sparse=sparse, flt=flt, limit=limit)
+                    fused = self._hybrid_search(dense=dense, sparse=sparse, flt=flt, limit=limit)
+                    return fused if whole_pool else fused[:limit]
                 return self.engine.search(
                     mode=mode, dense=dense, sparse=sparse, flt=flt, limit=limit
                 )
@@ -696,7 +706,8 @@ class VectorIndex:
     def _hybrid_search(
         self, *, dense: list[float], sparse: SparseVector, flt: SearchFilter, limit: int
     ) -> list[tuple[uuid.UUID, float]]:
-        """Two engine calls: the pool with its dense scores, then the BM25 scores of the pool."""
+        """Two engine calls: the pool with its dense scores, then the BM25 scores of the pool.
+        The whole pool, fused, best first."""
         dense_scores = dict(
             self.engine.dense_scored_pool(
                 dense=dense, sparse=sparse, flt=flt, depth=max(PREFETCH, limit)
@@ -714,7 +725,7 @@ class VectorIndex:
             if pool
             else []
         )
-        return fuse_z_scores(pool, [dense_scores, bm25_scores])[:limit]
+        return fuse_z_scores(pool, [dense_scores, bm25_scores])
 
     def close(self) -> None:
         self.engine.close()

@@ -127,3 +127,39 @@ def test_a_consolidations_items_get_no_context(settings):
     query = "What did Caroline bring to the potluck at the community garden?"
     default = settings.MEMORY_NEIGHBOUR_WEIGHT
     assert ranked(query, settings, default) == ranked(query, settings, 0.0)
+
+
+def test_the_context_reads_the_whole_pool_not_only_the_hits_asked_for(settings, monkeypatch):
+    """A hit's neighbour counts wherever it ranks in the pool: asked for the top 1, the search
+    still scores the question through the answer below it, against the pool's lowest score.
+    The pool stays each mode's top PREFETCH (here 6 of 13 items), however many are asked for."""
+    from memory import vector_index
+    from memory.embeddings import get_embedder
+    from memory.selectors import session_places
+    from memory.vector_index import SearchFilter, get_vector_index
+
+    monkeypatch.setattr(vector_index, "PREFETCH", 6)
+    memory_store_many(items=[{"agent_id": "a", "content": c} for c in OTHERS])
+    memory_store_many(items=[{"agent_id": "a", "session_id": "talk", "content": c} for c in TALK])
+    query = "What did Caroline bring to the potluck at the community garden?"
+    embedder = get_embedder()
+    pool = get_vector_index().search(
+        mode="hybrid",
+        dense=embedder.embed_query(query).tolist(),
+        sparse=embedder.sparse_query(query),
+        flt=SearchFilter(agent_id="a", now=0.0),
+        limit=1,
+        whole_pool=True,
+    )
+    assert 6 < len(pool) < len(OTHERS) + len(TALK)
+    weight = settings.MEMORY_NEIGHBOUR_WEIGHT
+    expected = neighbour_context(pool, session_places([pk for pk, _ in pool]), weight)
+    top_only = neighbour_context(pool[:1], session_places([pool[0][0]]), weight)
+    # The top hit gains from a neighbour below it: with only itself there is nothing to gain.
+    assert expected[0][0] == top_only[0][0] and expected[0][1] > top_only[0][1] == pool[0][1]
+
+    hits = memory_search(query=query, agent_id="a", limit=1)
+
+    assert [(h.item.pk, h.score) for h in hits] == [
+        (pk, pytest.approx(score)) for pk, score in expected[:1]
+    ]

@@ -54,8 +54,9 @@ CATEGORY_NAMES = {1: "multi-hop", 2: "temporal", 3: "open-domain", 4: "single-ho
 
 
 def sentences(text: str) -> list[str]:
+    """As memory.embeddings.sentences splits an item (at most its first 32)."""
     parts = [part.strip() for part in SENTENCE.split(text) if part.strip()]
-    return parts or [text]
+    return (parts or [text])[:32]
 
 
 # Data --------------------------------------------------------------------------------------

@@ -96,7 +96,7 @@ def cache_embeddings(path: Path) -> None:
     from memory.embeddings import Embedder
 
     path.parent.mkdir(parents=True, exist_ok=True)
-    db = sqlite3.connect(path, check_same_thread=False)
+    db = sqlite3.connect(path, timeout=120, check_same_thread=False)
     db.execute("CREATE TABLE IF NOT EXISTS vector (key BLOB PRIMARY KEY, value BLOB)")
     embed_documents, embed_query = Embedder.embed_documents, Embedder.embed_query
 

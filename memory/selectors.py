@@ -59,7 +59,7 @@ def memory_list(
 ) -> QuerySet[MemoryItem]:
     """An agent's live items, newest first; filters as GET /memory/ names them. Every tag
     given must be on the item."""
-    queryset = memory_visible(agent_ids=agent_ids).defer("embedding")
+    queryset = memory_visible(agent_ids=agent_ids).defer("embedding", "sentence_embeddings")
     for field in ("agent_id", "session_id", "kind", "source", "sensitivity"):
         if filters.get(field):
             queryset = queryset.filter(**{field: filters[field]})
@@ -230,7 +230,7 @@ def memory_search(
         hits = neighbour_context(hits, places, neighbour_weight)[:pool]
     # By primary key only: with an agent filter SQLite picks the agent index and reads every
     # row the agent has. The index already filtered agent and expiry; the DB has the last word.
-    rows = MemoryItem.objects.in_bulk([pk for pk, _ in hits])
+    rows = MemoryItem.objects.defer("sentence_embeddings").in_bulk([pk for pk, _ in hits])
     query_terms = set(sparse.indices)
     found = []
     for pk, score in hits:

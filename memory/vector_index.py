@@ -37,7 +37,7 @@ from .models import REVISION, MemoryItem, MemoryTombstone, VectorIndexCursor, se
 
 logger = logging.getLogger(__name__)
 
-DENSE, SPARSE = "dense", "bm25"
+DENSE, SPARSE, SENTENCES = "dense", "bm25", "sentences"
 # Hybrid search pools each mode's top PREFETCH candidates, scores every pooled item by both
 # modes (an item sharing no term with the query scores 0 in BM25) and ranks by the sum of the
 # two modes' z-scores over the pool. Measured on LoCoMo and SciFact (bench/retrieval.py): rank
@@ -45,6 +45,15 @@ DENSE, SPARSE = "dense", "bm25"
 # how far apart the candidates' scores are; the textbook k=60 even scores below BM25 alone.
 PREFETCH = 50
 MODES = ("dense", "sparse")  # what hybrid search fuses
+# Sentence vectors: an item of two or more sentences also has each sentence's vector (stored in
+# the DB with it, memory.models), indexed as one multivector compared by MaxSim, so a query's
+# score against it is the cosine of its best sentence. Hybrid search gives each pooled item the
+# dense score (1 - MEMORY_SENTENCE_WEIGHT) x whole text + MEMORY_SENTENCE_WEIGHT x best sentence
+# (an item of one sentence keeps its whole text's) before the fusion: a long text is found by the
+# one sentence the query is about, which its whole vector (MiniLM reads 256 tokens) dilutes.
+# Measured by bench/levers.py on both datasets: FIXME.
+# What an index holds besides the model's vectors: an index built without it is rebuilt.
+INDEX_LAYOUT = "sentences"
 APPLY_CHUNK = 256
 # Qdrant's defaults for the per-agent HNSW graphs. Below the threshold (in KB of vectors, about
 # 6,600 of 384 floats) an agent's points are scored exactly, and a segment is indexed (graphs
@@ -75,6 +84,7 @@ ROW_FIELDS = (
     "content",
     "embedding",
     "embedding_model",
+    "sentence_embeddings",
 )
 
 
@@ -99,6 +109,7 @@ class IndexPoint:
     dense: list[float]
     sparse: SparseVector
     payload: dict[str, Any]
+    sentences: list[list[float]] = field(default_factory=list)  # none: one sentence
 
 
 class Engine(Protocol):
@@ -178,6 +189,8 @@ class EdgeEngine:
             HnswIndexConfig,
             KeywordIndexParams,
             Modifier,
+            MultiVectorComparator,
+            MultiVectorConfig,
             ScalarQuantizationConfig,
             ScalarType,
             UpdateOperation,
@@ -193,8 +206,21 @@ class EdgeEngine:
         # and an agent below HNSW_FULL_SCAN_KB is scanned exactly through the agent_id index.
         # The other fields only filter: a graph per value of each (enable_hnsw) would multiply
         # the indexing time for nothing.
+        # The sentences are only ever scored for a hybrid search's pool (filtered by id): no
+        # graph for them.
+        sentences = EdgeVectorParams(
+            size=dim,
+            distance=Distance.Cosine,
+            multivector_config=MultiVectorConfig(MultiVectorComparator.MaxSim),
+            hnsw_config=HnswIndexConfig(
+                m=0, payload_m=0, ef_construct=HNSW_EF_CONSTRUCT, full_scan_threshold=0
+            ),
+        )
         config = EdgeConfig(
-            vectors={DENSE: EdgeVectorParams(size=dim, distance=Distance.Cosine)},
+            vectors={
+                DENSE: EdgeVectorParams(size=dim, distance=Distance.Cosine),
+                SENTENCES: sentences,
+            },
             sparse_vectors={SPARSE: EdgeSparseVectorParams(modifier=Modifier.Idf)},
             hnsw_config=HnswIndexConfig(
                 m=0,
@@ -242,7 +268,7 @@ class EdgeEngine:
                 [
                     Point(
                         str(p.id),
-                        {DENSE: p.dense, SPARSE: EdgeSparse(p.sparse.indices, p.sparse.values)},
+                        _vectors(p, EdgeSparse(p.sparse.indices, p.sparse.values)),
                         p.payload,
                     )
                     for p in points
@@ -322,6 +348,15 @@ class EdgeEngine:
         self._lock_file.close()
 
 
+def _vectors(point: IndexPoint, sparse: Any) -> Any:
+    """A point's named vectors, as either engine takes them (`sparse` in its own type); an item
+    of one sentence has no sentence vectors."""
+    vectors: dict[str, Any] = {DENSE: point.dense, SPARSE: sparse}
+    if point.sentences:
+        vectors[SENTENCES] = point.sentences
+    return vectors
+
+
 def _id_scores(hits: Iterable[Any]) -> list[tuple[uuid.UUID, float]]:
     """(point id, score) of each hit, as either engine answers them."""
     return [(uuid.UUID(str(hit.id)), float(hit.score)) for hit in hits]
@@ -332,9 +367,11 @@ def _edge_query(mode: str, dense: list[float], sparse: SparseVector) -> tuple[An
     from qdrant_edge import QuantizationSearchParams, Query, SearchParams
     from qdrant_edge import SparseVector as EdgeSparse
 
+    rescored = SearchParams(quantization=QuantizationSearchParams(rescore=True))
     if mode == "dense":
-        rescored = SearchParams(quantization=QuantizationSearchParams(rescore=True))
         return Query.Nearest(dense, using=DENSE), rescored
+    if mode == SENTENCES:  # MaxSim of one query vector: the best sentence's cosine
+        return Query.Nearest([dense], using=SENTENCES), rescored
     return Query.Nearest(EdgeSparse(sparse.indices, sparse.values), using=SPARSE), None
 
 
@@ -381,9 +418,20 @@ class ServerEngine:
 
         if self._client.collection_exists(self._collection):
             self._client.delete_collection(self._collection)
+        sentences = models.VectorParams(
+            size=dim,
+            distance=models.Distance.COSINE,
+            multivector_config=models.MultiVectorConfig(
+                comparator=models.MultiVectorComparator.MAX_SIM
+            ),
+            hnsw_config=models.HnswConfigDiff(m=0),
+        )
         self._client.create_collection(
             self._collection,
-            vectors_config={DENSE: models.VectorParams(size=dim, distance=models.Distance.COSINE)},
+            vectors_config={
+                DENSE: models.VectorParams(size=dim, distance=models.Distance.COSINE),
+                SENTENCES: sentences,
+            },
             sparse_vectors_config={SPARSE: models.SparseVectorParams(modifier=models.Modifier.IDF)},
             quantization_config=models.ScalarQuantization(
                 scalar=models.ScalarQuantizationConfig(
@@ -423,12 +471,9 @@ class ServerEngine:
                 models.PointStruct(
                     id=str(p.id),
                     payload=p.payload,
-                    vector={
-                        DENSE: p.dense,
-                        SPARSE: models.SparseVector(
-                            indices=p.sparse.indices, values=p.sparse.values
-                        ),
-                    },
+                    vector=_vectors(
+                        p, models.SparseVector(indices=p.sparse.indices, values=p.sparse.values)
+                    ),
                 )
                 for p in points
             ],
@@ -503,9 +548,11 @@ def _server_query(mode: str, dense: list[float], sparse: SparseVector) -> tuple[
     vectors."""
     from qdrant_client import models
 
+    rescored = models.SearchParams(quantization=models.QuantizationSearchParams(rescore=True))
     if mode == "dense":
-        rescored = models.SearchParams(quantization=models.QuantizationSearchParams(rescore=True))
         return dense, DENSE, rescored
+    if mode == SENTENCES:
+        return [dense], SENTENCES, rescored
     return models.SparseVector(indices=sparse.indices, values=sparse.values), SPARSE, None
 
 
@@ -623,8 +670,8 @@ class VectorIndex:
         embedder = get_embedder()
         state = self.engine.load_state()
         cursor = int(state.get("cursor", -1))
-        if state.get("model") != embedder.model_name:
-            cursor = -1  # made by another model, or never built: rebuild
+        if state.get("model") != _fingerprint(embedder.model_name):
+            cursor = -1  # made by another model or layout, or never built: rebuild
         changes = revision_changes(
             name=REVISION,
             cursor=cursor,
@@ -656,7 +703,9 @@ class VectorIndex:
                     "process meanwhile (VECTOR_INDEX_SERVERS=2 builds them off the request path)",
                     took,
                 )
-        self.engine.save_state({"cursor": changes.upper, "model": embedder.model_name})
+        self.engine.save_state(
+            {"cursor": changes.upper, "model": _fingerprint(embedder.model_name)}
+        )
 
     @traced(
         "vector_index.search",
@@ -714,6 +763,21 @@ class VectorIndex:
             )
         )
         pool = tuple(dense_scores)
+        weight = settings.MEMORY_SENTENCE_WEIGHT
+        if weight and pool:
+            best = dict(
+                self.engine.search(
+                    mode=SENTENCES,
+                    dense=dense,
+                    sparse=sparse,
+                    flt=replace(flt, point_ids=pool),
+                    limit=len(pool),
+                )
+            )
+            dense_scores = {
+                pk: (1 - weight) * score + weight * best.get(pk, score)
+                for pk, score in dense_scores.items()
+            }
         bm25_scores = dict(
             self.engine.search(
                 mode="sparse",
@@ -772,6 +836,7 @@ def _point(row: tuple[Any, ...], model: str) -> IndexPoint:
         content,
         embedding,
         made_by,
+        sentence_embeddings,
     ) = row
     if made_by != model:
         raise EmbeddingModelMismatch(made_by, model)
@@ -788,7 +853,15 @@ def _point(row: tuple[Any, ...], model: str) -> IndexPoint:
     if rank := sensitivity_rank(sensitivity):
         payload["sensitivity"] = rank
     dense = np.frombuffer(bytes(embedding), dtype=np.float32).tolist()
-    return IndexPoint(pk, dense, get_embedder().sparse_document(content), payload)
+    sentences = np.frombuffer(bytes(sentence_embeddings), dtype=np.float32).reshape(-1, len(dense))
+    return IndexPoint(
+        pk, dense, get_embedder().sparse_document(content), payload, sentences.tolist()
+    )
+
+
+def _fingerprint(model: str) -> str:
+    """What made an index: the embedding model and INDEX_LAYOUT."""
+    return f"{model} {INDEX_LAYOUT}"
 
 
 class EmbeddingModelMismatch(Unavailable):

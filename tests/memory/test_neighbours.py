@@ -55,13 +55,20 @@ def test_the_migration_numbers_existing_items_in_the_order_they_were_stored():
     assert positions() == {c: i for i, c in enumerate(contents)} | {"no session": None}
 
 
-def test_neighbour_context_adds_the_best_adjacent_score_above_the_floor():
+def test_neighbour_context_adds_the_best_adjacent_score_above_the_floor_and_half_two_away():
     a, b, c, d, e = (uuid.uuid4() for _ in range(5))
     hits = [(a, 3.0), (b, 2.0), (c, 1.0), (d, 0.5), (e, -1.0)]
     places = {a: ("s", 4), b: ("t", 0), c: ("s", 5), e: ("s", 3)}  # d: no session
     rescored = dict(neighbour_context(hits, places, 0.5))
     # floor -1; a's neighbours are c (1.0) and e (-1.0); c's is a (3.0); e's is a; b has none.
-    assert rescored == {a: 3.0 + 0.5 * 2.0, b: 2.0, c: 1.0 + 0.5 * 4.0, d: 0.5, e: -1.0 + 2.0}
+    # Two places away, at half the weight: e has c (s 5); c has e, at the floor; a has none.
+    assert rescored == {
+        a: 3.0 + 0.5 * 2.0,
+        b: 2.0,
+        c: 1.0 + 0.5 * 4.0,
+        d: 0.5,
+        e: -1.0 + 0.5 * (4.0 + 2.0 / 2),
+    }
     assert [pk for pk, _ in neighbour_context(hits, places, 0.5)] == [a, c, b, e, d]
     assert neighbour_context([], {}, 0.5) == []
 
@@ -101,8 +108,10 @@ def test_a_turn_is_found_through_the_turn_before_it(settings):
     # The answer shares few words with the question; the question before it shares many.
     assert without[0] == TALK[0] and with_context[0] == TALK[0]
     assert without.index(TALK[1]) > 2 and with_context.index(TALK[1]) == 2, (without, with_context)
-    # Items without a session keep their order among themselves.
-    assert [c for c in with_context if c in OTHERS] == [c for c in without if c in OTHERS]
+    # Items without a session keep their order among themselves (the last may drop out of the
+    # top 10 below a turn that gained).
+    kept = [c for c in with_context if c in OTHERS]
+    assert kept == [c for c in without if c in OTHERS][: len(kept)]
 
 
 def test_only_hybrid_search_uses_the_context(settings):

@@ -24,7 +24,7 @@ SHORT = [
 ]
 
 
-def blob_rows(blob: bytes) -> np.ndarray:
+def blob_rows(blob: bytes | memoryview) -> np.ndarray:
     return np.frombuffer(bytes(blob), dtype=np.float32).reshape(-1, get_embedder().dim)
 
 

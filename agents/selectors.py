@@ -97,8 +97,10 @@ def agent_export(*, agent_id: str) -> Iterator[bytes]:
         ("memory_items", "memory_events", "experiences", "sessions", "dream_cycles"), 0
     )
     items = MemoryItem.objects.filter(agent_id=agent_id).order_by("created_at", "id")
-    for row in items.values(*MEMORY_FIELDS, "embedding").iterator(chunk_size=CHUNK):
-        row["embedding"] = base64.b64encode(bytes(row["embedding"])).decode()
+    vectors = ("embedding", "sentence_embeddings")
+    for row in items.values(*MEMORY_FIELDS, *vectors).iterator(chunk_size=CHUNK):
+        for field in vectors:
+            row[field] = base64.b64encode(bytes(row[field])).decode()
         counts["memory_items"] += 1
         yield _line({"type": "memory", **row})
     events = MemoryEvent.objects.filter(agent_id=agent_id).order_by("id")

@@ -75,16 +75,31 @@ class MemoryLineSerializer(serializers.Serializer):
     version = StrictIntegerField(min_value=1, max_value=2**31 - 1, default=1)
     embedding_model = StrictCharField(max_length=200)
     embedding = StrictCharField(max_length=1_000_000)
+    # Absent from an export made before items kept them: embedded again on import.
+    sentence_embeddings = StrictCharField(
+        max_length=40_000_000, allow_blank=True, required=False, trim_whitespace=False
+    )
 
     def validate_embedding(self, value: str) -> bytes:
-        try:
-            raw = base64.b64decode(value, validate=True)
-        except binascii.Error:
-            raise serializers.ValidationError("Not base64.") from None
-        vector = np.frombuffer(raw, dtype="<f4") if len(raw) % 4 == 0 else None
-        if vector is None or not vector.size or not np.isfinite(vector).all():
+        raw = _float32s(value)
+        if not raw:
             raise serializers.ValidationError("Not a vector of finite float32 numbers.")
         return raw
+
+    def validate_sentence_embeddings(self, value: str) -> bytes:
+        return _float32s(value)
+
+
+def _float32s(value: str) -> bytes:
+    """Base64 of finite little-endian float32 numbers, decoded (b"" for "")."""
+    try:
+        raw = base64.b64decode(value, validate=True)
+    except binascii.Error:
+        raise serializers.ValidationError("Not base64.") from None
+    vector = np.frombuffer(raw, dtype="<f4") if len(raw) % 4 == 0 else None
+    if vector is None or not np.isfinite(vector).all():
+        raise serializers.ValidationError("Not finite float32 numbers.")
+    return raw
 
 
 class MemoryEventLineSerializer(serializers.Serializer):

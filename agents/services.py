@@ -231,6 +231,18 @@ def agent_import(*, agent_id: str, lines: Iterable[bytes]) -> ImportResult:
         vectors = embedder.embed_documents([item["content"] for item in batch])
         for item, vector in zip(batch, vectors, strict=True):
             item["embedding"] = vector.astype("<f4").tobytes()
+            item.pop("sentence_embeddings", None)
+    # Sentence vectors of another model, of another size, or absent (an older export).
+    unsplit = [
+        item
+        for _, item in memories
+        if len(item.get("sentence_embeddings", b"x")) % (embedder.dim * 4)
+    ]
+    for start in range(0, len(unsplit), WRITE_BATCH):
+        batch = unsplit[start : start + WRITE_BATCH]
+        blobs = embedder.embed_sentences([item["content"] for item in batch])
+        for item, blob in zip(batch, blobs, strict=True):
+            item["sentence_embeddings"] = blob
     imported = dict.fromkeys(KINDS, 0)
     skipped = dict.fromkeys(KINDS, 0)
     with transaction.atomic():

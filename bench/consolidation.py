@@ -44,6 +44,7 @@ from retrieval import (  # noqa: E402 - after the path set-up
     _evidence,
     _print_table,
     _verdict,
+    cache_embeddings,
     setup_django,
     store_all,
 )
@@ -204,10 +205,18 @@ def tokens(prefix: str) -> tuple[int, int]:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--conversations", type=int, default=None, help="only the first N")
+    parser.add_argument(
+        "--embed-cache",
+        type=Path,
+        default=None,
+        help="an SQLite file of dense vectors to reuse and fill (as bench/retrieval.py's)",
+    )
     args = parser.parse_args(argv)
     data = load(args.conversations)
     with tempfile.TemporaryDirectory(prefix="ferrum-bench-consolidation-") as data_dir:
         setup_django(data_dir)
+        if args.embed_cache:
+            cache_embeddings(args.embed_cache)
         from django.conf import settings
 
         from ferrum_memory.celery import app

@@ -38,6 +38,7 @@ from retrieval import (  # noqa: E402 - after the path set-up
     LOCOMO_CATEGORIES,
     SCIFACT_DIR,
     _print_table,
+    cache_embeddings,
     locomo_conversations,
     locomo_items,
     locomo_questions,
@@ -45,14 +46,17 @@ from retrieval import (  # noqa: E402 - after the path set-up
 )
 
 CACHE = ROOT / "var" / "levers"
+# Every vector embedded here, by text: bench/retrieval.py --embed-cache reuses it.
+EMBED_CACHE = ROOT / "var" / "embeddings.sqlite"
 PREFETCH = 50
 SENTENCE = re.compile(r"(?<=[.!?])\s+(?=[A-Z0-9\"'(\[])")
 CATEGORY_NAMES = {1: "multi-hop", 2: "temporal", 3: "open-domain", 4: "single-hop"}
 
 
 def sentences(text: str) -> list[str]:
+    """As memory.embeddings.sentences splits an item (at most its first 32)."""
     parts = [part.strip() for part in SENTENCE.split(text) if part.strip()]
-    return parts or [text]
+    return (parts or [text])[:32]
 
 
 # Data --------------------------------------------------------------------------------------
@@ -108,9 +112,12 @@ def load_locomo() -> Dataset:
     )
 
 
-def load_scifact() -> Dataset:
+def load_scifact(docs: int | None = None) -> Dataset:
+    """SciFact's train queries over its corpus; with `docs`, over the first `docs` abstracts,
+    keeping the queries whose relevant abstracts are all among them (as bench/retrieval.py's
+    --scifact-docs): fewer distractors, so higher figures, for comparing levers cheaply."""
     with (SCIFACT_DIR / "corpus.jsonl").open() as lines:
-        corpus = [json.loads(line) for line in lines]
+        corpus = [json.loads(line) for line in lines][:docs]
     with (SCIFACT_DIR / "queries.jsonl").open() as lines:
         text = {q["_id"]: q["text"] for q in map(json.loads, lines)}
     qrels: dict[str, set[str]] = defaultdict(set)
@@ -120,8 +127,10 @@ def load_scifact() -> Dataset:
             query_id, doc_id, score = line.split("\t")
             if int(score) > 0:
                 qrels[query_id].add(doc_id)
+    stored = {doc["_id"] for doc in corpus}
+    qrels = defaultdict(set, {q: rel for q, rel in qrels.items() if rel <= stored})
     return Dataset(
-        "scifact",
+        "scifact" if docs is None else f"scifact-{len(corpus)}",
         [f"{doc['title']} {doc['text']}".strip() for doc in corpus],
         ["scifact"] * len(corpus),
         [""] * len(corpus),
@@ -188,13 +197,20 @@ def bm25_scores(matrix: Any, model: Any, query: str) -> np.ndarray:
     return scores
 
 
-def zfuse(pool: np.ndarray, *scores: np.ndarray, weights: Sequence[float] = ()) -> np.ndarray:
+def zfuse(
+    pool: np.ndarray, *scores: np.ndarray, weights: Sequence[float] = (), norm: str = "z"
+) -> np.ndarray:
+    """The service's fusion (norm "z": each mode's z-score over the pool, summed); "minmax"
+    scales each mode to [0, 1] over the pool instead."""
     fused = np.zeros(len(pool))
     for i, values in enumerate(scores):
         values = values[pool]
-        spread = values.std()
+        if norm == "minmax":
+            spread, centre = values.max() - values.min(), values.min()
+        else:
+            spread, centre = values.std(), values.mean()
         if spread > 0:
-            fused += (weights[i] if weights else 1.0) * (values - values.mean()) / spread
+            fused += (weights[i] if weights else 1.0) * (values - centre) / spread
     return fused
 
 
@@ -212,7 +228,7 @@ def evaluate(ds: Dataset, run: Run) -> dict[str, float]:
         relevant = ds.relevant[q]
         keys = [ds.doc_key[i] for i in ranked[:100]]
         hits = [key in relevant for key in keys]
-        if ds.name == "scifact":
+        if ds.name.startswith("scifact"):
             out["nDCG@10"].append(_ndcg(hits, len(relevant), 10))
             out["R@100"].append(len(relevant & set(keys)) / len(relevant))
             continue
@@ -242,6 +258,7 @@ class Bench:
         from qdrant_edge import Bm25Config
 
         self.ds = ds
+        self.sparse_cache: dict[tuple[str, int], np.ndarray] = {}
         self.docs, self.queries = vectors["docs"], vectors["queries"]
         self.sent, self.owner = vectors["sentences"], vectors["owner"]
         groups = np.array(ds.doc_group)
@@ -283,6 +300,9 @@ class Bench:
         window: float = 0.0,
         variant: str = "",
         spread: int = 0,
+        pooled_sentence: float = 0.0,
+        depth: int = PREFETCH,
+        norm: str = "z",
     ) -> Run:
         matrix, model = self.bm25[bm25]
         ranked = []
@@ -292,7 +312,10 @@ class Bench:
             dense = self.docs[docs] @ query
             if sentence:
                 dense = (1 - sentence) * dense + sentence * self.best_sentence(query, docs)
-            sparse = bm25_scores(matrix, model, text)[docs]
+            key = (bm25, q)
+            if key not in self.sparse_cache:
+                self.sparse_cache[key] = bm25_scores(matrix, model, text)
+            sparse = self.sparse_cache[key][docs]
             if window:
                 dense = (1 - window) * dense + window * self.best_window(query, docs)
             if names_weight != 1.0:
@@ -306,13 +329,21 @@ class Bench:
                 order = np.argsort(-sparse, kind="stable")
                 ranked.append(docs[order[sparse[order] > 0]])
                 continue
-            top_dense = np.argsort(-dense, kind="stable")[:PREFETCH]
-            by_sparse = np.argsort(-sparse, kind="stable")[:PREFETCH]
+            top_dense = np.argsort(-dense, kind="stable")[:depth]
+            by_sparse = np.argsort(-sparse, kind="stable")[:depth]
             pool = np.unique(np.concatenate([top_dense, by_sparse[sparse[by_sparse] > 0]]))
             weight = dense_weight
             if short_dense and len(set(model.embed_query(text).indices)) <= 2:
                 weight = short_dense
-            fused = zfuse(pool, dense, sparse, weights=(weight, 1.0))
+            if pooled_sentence:
+                # as the service would score it: the pool comes from the full texts' vectors,
+                # then each pooled item's dense score takes in its best sentence
+                blend = dense.copy()
+                blend[pool] = (1 - pooled_sentence) * dense[pool] + pooled_sentence * (
+                    self.best_sentence(query, docs[pool])
+                )
+                dense = blend
+            fused = zfuse(pool, dense, sparse, weights=(weight, 1.0), norm=norm)
             if bm25_prf:
                 # RM3-like: the top 3 fused docs' most weighted terms join the BM25 query
                 top = pool[np.argsort(-fused)[:3]]
@@ -418,7 +449,15 @@ class Bench:
                 around = [score.get(int(n), floor) for n in sides if n >= 0]
                 if variant == "better":  # only a neighbour scoring above the item lifts it
                     around = [value for value in around if value > fused[i]]
+                if variant == "sum":  # both neighbours count
+                    out[i] += neighbour * sum(value - floor for value in around)
+                    continue
                 out[i] += neighbour * (max(around) - floor if around else 0.0)
+                if variant == "two":  # and the best turn two places away, at half the weight
+                    far = [self.prev[self.prev[doc]] if self.prev[doc] >= 0 else -1]
+                    far.append(self.next[self.next[doc]] if self.next[doc] >= 0 else -1)
+                    values = [score.get(int(n), floor) for n in far if n >= 0]
+                    out[i] += neighbour / 2 * (max(values) - floor if values else 0.0)
             if session and self.ds.doc_session[doc]:
                 others = sorted(best[self.ds.doc_session[doc]], reverse=True)
                 other = others[1] if others[0] == fused[i] and len(others) > 1 else others[0]
@@ -440,6 +479,10 @@ def _top_terms(doc: str, query: str, n: int) -> str:
     return " ".join(sorted(counts, key=lambda w: -counts[w])[:n])
 
 
+DATE = re.compile(
+    r"\b(19|20)\d\d\b|\b(January|February|March|April|May|June|July|August|September|"
+    r"October|November|December)\b"
+)
 NAME = re.compile(r"(?<!^)(?<![.?!] )\b[A-Z][a-z]+")
 
 
@@ -448,11 +491,24 @@ def _names(text: str) -> str:
     return " ".join(NAME.findall(text))
 
 
-BM25_VARIANTS: dict[str, dict[str, Any]] = {
-    "BM25 avg_len 64": {"avg_len": 64.0},
-    "BM25 k1 0.9 b 0.4": {"k": 0.9, "b": 0.4},
-    "BM25 k1 1.5": {"k": 1.5},
-}
+def _bm25_variants() -> dict[str, dict[str, Any]]:
+    from qdrant_edge import DisabledStemmer, StopwordsSet, TokenizerType
+
+    return {
+        "BM25 avg_len 64": {"avg_len": 64.0},
+        "BM25 k1 0.9 b 0.4": {"k": 0.9, "b": 0.4},
+        "BM25 k1 1.5": {"k": 1.5},
+        "BM25 b 0.5": {"b": 0.5},
+        "BM25 b 0.9": {"b": 0.9},
+        "BM25 no stemming": {"stemmer": DisabledStemmer()},
+        "BM25 no stopwords": {"stopwords": StopwordsSet(custom=set())},
+        "BM25 multilingual tokenizer": {"tokenizer": TokenizerType.Multilingual},
+        "BM25 tokens >= 2 chars": {"min_token_len": 2},
+        "BM25 ascii folding": {"ascii_folding": True},
+    }
+
+
+BM25_VARIANTS = _bm25_variants()
 
 
 def lever_specs() -> list[tuple[str, dict[str, Any]]]:
@@ -509,6 +565,39 @@ def lever_specs() -> list[tuple[str, dict[str, Any]]]:
         ("neighbour 0.3 top 50 + BM25 k1 0.9 b 0.4", {**service, "bm25": "BM25 k1 0.9 b 0.4"}),
         ("neighbour 0.3 top 50 + sentence 0.3", {**service, "sentence": 0.3}),
     ]
+    # Round three: the whole fused pool, sentence vectors as the service would score them,
+    # fusion choices and the BM25 variants Qdrant's Bm25 exposes.
+    whole = {"neighbour": 0.3}
+    specs += [(f"whole pool: neighbour {w}", {"neighbour": w}) for w in (0.2, 0.4)]
+    specs += [(f"pooled sentence {w}", {"pooled_sentence": w}) for w in (0.2, 0.3, 0.4, 0.5)]
+    specs += [
+        (f"whole pool: neighbour 0.3 + pooled sentence {w}", {**whole, "pooled_sentence": w})
+        for w in (0.3, 0.5)
+    ]
+    specs += [
+        ("fusion: pool depth 30", {"depth": 30}),
+        ("fusion: pool depth 100", {"depth": 100}),
+        ("fusion: min-max normalisation", {"norm": "minmax"}),
+        ("fusion: dense weight 0.85", {"dense_weight": 0.85}),
+        ("fusion: dense weight 1.15", {"dense_weight": 1.15}),
+    ]
+    specs += [(name, {"bm25": name}) for name in BM25_VARIANTS if name not in dict(specs)]
+    specs += [
+        ("whole pool: neighbour 0.3, both neighbours summed", {**whole, "variant": "sum"}),
+        ("whole pool: neighbour 0.2, both neighbours summed", {"neighbour": 0.2, "variant": "sum"}),
+        ("whole pool: neighbour 0.3 + turns 2 away at 0.15", {**whole, "variant": "two"}),
+        ("whole pool: neighbour 0.3, pool depth 100", {**whole, "depth": 100}),
+        (
+            "whole pool: neighbour 0.3 + 2 away at 0.15 + pooled sentence 0.3",
+            {**whole, "variant": "two", "pooled_sentence": 0.3},
+        ),
+        (
+            "whole pool: neighbour 0.4 + 2 away at 0.2 + pooled sentence 0.3",
+            {"neighbour": 0.4, "variant": "two", "pooled_sentence": 0.3},
+        ),
+        ("whole pool: neighbour 0.3 + BM25 PRF", {**whole, "bm25_prf": 5}),
+        ("whole pool: neighbour 0.3 + dense PRF 0.5", {**whole, "prf": 0.5}),
+    ]
     return specs
 
 
@@ -531,7 +620,7 @@ def report(bench: Bench, runs: list[Run]) -> None:
     figures = [(run.name, evaluate(bench.ds, run)) for run in runs]
     names = (
         ["nDCG@10", "R@100"]
-        if bench.ds.name == "scifact"
+        if bench.ds.name.startswith("scifact")
         else ["turn R@10", "strict R@10", "session R@10", "Hit@1", "nDCG@5"]
         + [f"turn R@10 c{c}" for c in LOCOMO_CATEGORIES]
     )
@@ -546,6 +635,15 @@ def report(bench: Bench, runs: list[Run]) -> None:
     )
     print(f"\n## {bench.ds.name}: {len(bench.ds.docs):,} docs, {len(bench.ds.queries):,} queries\n")
     _print_table(("lever", *header), rows)
+    # Query-side analysis: how many queries BM25 sees as (nearly) empty, and how many name a
+    # date or a month; hybrid search already leaves an empty BM25 query to dense alone.
+    _, model = bench.bm25["default"]
+    terms = [len(set(model.embed_query(q).indices)) for q in bench.ds.queries]
+    dated = sum(bool(DATE.search(q)) for q in bench.ds.queries)
+    print(
+        f"\nqueries with no BM25 term: {terms.count(0)}, with 1-2 terms: "
+        f"{sum(1 <= t <= 2 for t in terms)}, naming a date or month: {dated}"
+    )
 
 
 def main() -> None:
@@ -553,11 +651,15 @@ def main() -> None:
     parser.add_argument("--embed-only", action="store_true")
     parser.add_argument("--datasets", default="locomo,scifact")
     parser.add_argument("--only", default="", help="comma-separated parts of lever names")
+    parser.add_argument(
+        "--scifact-docs", type=int, default=None, help="only the first N abstracts (a subset)"
+    )
     args = parser.parse_args()
     only = [part for part in args.only.split(",") if part]
-    loaders = {"locomo": load_locomo, "scifact": load_scifact}
+    loaders = {"locomo": load_locomo, "scifact": lambda: load_scifact(args.scifact_docs)}
     with tempfile.TemporaryDirectory(prefix="ferrum-levers-") as data_dir:
         setup_django(data_dir)
+        cache_embeddings(EMBED_CACHE)
         for name in args.datasets.split(","):
             ds = loaders[name]()
             vectors = embedded(ds)

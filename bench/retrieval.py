@@ -27,11 +27,13 @@ figure per question category. Nothing is downloaded (HF_HUB_OFFLINE=1).
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import math
 import os
 import platform
 import re
+import sqlite3
 import sys
 import tempfile
 import time
@@ -81,6 +83,57 @@ def setup_django(data_dir: str, *, keep_near_duplicates: bool = True) -> None:
 
     django.setup()
     call_command("migrate", verbosity=0)
+
+
+def cache_embeddings(path: Path) -> None:
+    """Keep every dense vector the Embedder makes in an SQLite file at `path`, keyed by model,
+    kind (document or query) and text, and answer from it on later runs: reruns of the quality
+    benches then embed nothing (bench/levers.py fills the same file). The service's code is
+    unchanged; only its embedder's two methods are wrapped. Stores then run faster than the
+    service does, so their items/s are no store throughput."""
+    import numpy as np
+
+    from memory.embeddings import Embedder
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    db = sqlite3.connect(path, timeout=120, check_same_thread=False)
+    db.execute("CREATE TABLE IF NOT EXISTS vector (key BLOB PRIMARY KEY, value BLOB)")
+    embed_documents, embed_query = Embedder.embed_documents, Embedder.embed_query
+
+    def key(self: Embedder, kind: str, text: str) -> bytes:
+        return hashlib.sha256(f"{self.model_name}\0{kind}\0{text}".encode()).digest()
+
+    def cached_documents(self: Embedder, texts: list[str]) -> Any:
+        keys = [key(self, "document", text) for text in texts]
+        found: dict[bytes, Any] = {}
+        for offset in range(0, len(keys), 500):
+            chunk = keys[offset : offset + 500]
+            marks = ",".join("?" * len(chunk))
+            rows = db.execute(f"SELECT key, value FROM vector WHERE key IN ({marks})", chunk)
+            found.update((k, np.frombuffer(v, dtype=np.float32)) for k, v in rows)
+        missing = sorted({i for i, k in enumerate(keys) if k not in found})
+        if missing:
+            fresh = embed_documents(self, [texts[i] for i in missing])
+            new = [(keys[i], vector.tobytes()) for i, vector in zip(missing, fresh, strict=True)]
+            db.executemany("INSERT OR REPLACE INTO vector VALUES (?, ?)", new)
+            db.commit()
+            found.update((keys[i], vector) for i, vector in zip(missing, fresh, strict=True))
+        if not texts:
+            return embed_documents(self, texts)
+        return np.stack([found[k] for k in keys]).astype(np.float32)
+
+    def cached_query(self: Embedder, text: str) -> Any:
+        k = key(self, "query", text)
+        row = db.execute("SELECT value FROM vector WHERE key = ?", (k,)).fetchone()
+        if row is not None:
+            return np.frombuffer(row[0], dtype=np.float32).copy()
+        vector = embed_query(self, text)
+        db.execute("INSERT OR REPLACE INTO vector VALUES (?, ?)", (k, vector.tobytes()))
+        db.commit()
+        return vector
+
+    Embedder.embed_documents = cached_documents  # type: ignore[method-assign]
+    Embedder.embed_query = cached_query  # type: ignore[method-assign]
 
 
 @dataclass
@@ -473,6 +526,13 @@ def main(argv: list[str] | None = None) -> None:
         help="comma-separated runs: off (every item stored), on (the service's default "
         "near-duplicate merging)",
     )
+    parser.add_argument(
+        "--embed-cache",
+        type=Path,
+        default=None,
+        help="an SQLite file of dense vectors to reuse and fill (e.g. var/embeddings.sqlite, "
+        "which bench/levers.py fills): reruns embed nothing; store rates then mean nothing",
+    )
     args = parser.parse_args(argv)
     datasets = [name.strip() for name in args.datasets.split(",") if name.strip()]
     unknown = [name for name in datasets if name not in PARTS]
@@ -484,6 +544,8 @@ def main(argv: list[str] | None = None) -> None:
     with tempfile.TemporaryDirectory(prefix="ferrum-bench-retrieval-") as data_dir:
         os.environ.pop("MEMORY_NEAR_DUPLICATE", None)  # the service's default, whatever the shell
         setup_django(data_dir, keep_near_duplicates=False)
+        if args.embed_cache:
+            cache_embeddings(args.embed_cache)
         from django.conf import settings
 
         service_default = settings.MEMORY_NEAR_DUPLICATE

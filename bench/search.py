@@ -7,7 +7,8 @@ in a fresh temporary data folder. Each part is one function that prints one tabl
 - ``latency``: hybrid search p50/p95 at N = 10^4 and 10^5 items (``--sizes``), (a) all of one
   agent and (b) spread over 100 agents. Embedding 10^5 texts through the model would take most
   of an hour here, so the rows are written straight to the DB: real short texts (LoCoMo turns,
-  each with a numbered suffix to make it unique) with random unit vectors as their embedding,
+  each with a numbered suffix to make it unique) with random unit vectors as their embedding
+  (and one per sentence, as sentence vectors, for a text of two or more),
   all in one transaction under one "memory" revision, exactly as ``memory_store_many`` would
   leave them. The vector index is then rebuilt from the DB (timed: reading the rows, BM25 of
   each text, upserting into qdrant-edge). Queries are real questions (LoCoMo), embedded per
@@ -87,6 +88,7 @@ def load_items(n: int, agents: list[str], turns: list[str], seed: int) -> float:
     from django.utils import timezone
 
     from ferrum_memory.core.revisions import revision_take
+    from memory.embeddings import sentences
     from memory.models import MemoryItem
     from memory.services import content_hash
 
@@ -104,6 +106,10 @@ def load_items(n: int, agents: list[str], turns: list[str], seed: int) -> float:
             for j in range(size):
                 i = offset + j
                 content = f"{turns[i % len(turns)]} (#{i})"
+                # as stored: a vector per sentence when there are two or more (random too)
+                count = len(sentences(content))
+                parts = rng.standard_normal((count if count > 1 else 0, 384)).astype("<f4")
+                parts /= np.linalg.norm(parts, axis=1, keepdims=True)
                 rows.append(
                     MemoryItem(
                         agent_id=agents[i % len(agents)],
@@ -111,6 +117,7 @@ def load_items(n: int, agents: list[str], turns: list[str], seed: int) -> float:
                         content_hash=content_hash(content),
                         created_at=now,
                         embedding=vectors[j].tobytes(),
+                        sentence_embeddings=parts.tobytes(),
                         embedding_model=settings.FASTEMBED_MODEL,
                         revision=revision,
                     )

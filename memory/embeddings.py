@@ -8,6 +8,7 @@ fastembed reads a model folder; we assemble one under the data folder from those
 import importlib.util
 import json
 import os
+import re
 import threading
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,6 +35,12 @@ MINILM_SPECIAL_TOKENS = {
 }
 # Small batches: padding a long batch to its longest text slows the int8 kernels down.
 DOCUMENT_BATCH = 16
+# An item's sentences, which hybrid search scores beside its whole text (memory.vector_index):
+# a text is split after . ! or ? followed by a capital, a digit, a quote or a bracket. An item of
+# one sentence has none stored (its whole text is that sentence); a long one keeps its first
+# MAX_SENTENCES, which bounds the cost of storing it.
+SENTENCE_END = re.compile(r"(?<=[.!?])\s+(?=[A-Z0-9\"'(\[])")
+MAX_SENTENCES = 32
 
 FloatMatrix = npt.NDArray[np.float32]
 
@@ -148,6 +155,19 @@ class Embedder:
         vectors[by_length] = np.stack(list(embedded))
         return _normalised(vectors)
 
+    def embed_sentences(self, texts: list[str]) -> list[bytes]:
+        """Each text's sentence vectors (float32, little-endian, one after another) when it has
+        two or more sentences, else b"": all of them embedded in one batch."""
+        split = [sentences(text) for text in texts]
+        flat = [part for parts in split if len(parts) > 1 for part in parts]
+        vectors = self.embed_documents(flat).astype("<f4")
+        blobs, start = [], 0
+        for parts in split:
+            count = len(parts) if len(parts) > 1 else 0
+            blobs.append(vectors[start : start + count].tobytes())
+            start += count
+        return blobs
+
     @traced(
         "embedding.query",
         lambda self, text: {"model": self.model_name, "batch_size": 1},
@@ -163,6 +183,12 @@ class Embedder:
     def sparse_query(self, text: str) -> SparseVector:
         vector = self._bm25.embed_query(text)
         return SparseVector(list(vector.indices), list(vector.values))
+
+
+def sentences(text: str) -> list[str]:
+    """`text`'s sentences, at most MAX_SENTENCES; the whole text when it has no break."""
+    parts = [part.strip() for part in SENTENCE_END.split(text) if part.strip()]
+    return (parts or [text])[:MAX_SENTENCES]
 
 
 def _observed(kind: str, batch_size: int) -> Any:

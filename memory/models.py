@@ -62,6 +62,10 @@ class MemoryItem(models.Model):
     access_count = models.PositiveIntegerField(default=0)
     last_accessed_at = models.DateTimeField(null=True, blank=True)
     embedding = models.BinaryField()  # float32, little-endian, L2-normalised
+    # Its sentences' vectors as `embedding`'s, one after another, when the content has two or
+    # more (memory.embeddings.sentences); empty otherwise. Hybrid search scores an item by its
+    # best sentence too; kept here so that an index rebuild embeds nothing.
+    sentence_embeddings = models.BinaryField(blank=True, default=b"")
     embedding_model = models.CharField(max_length=200)
     # Of the "memory" revision counter: the write that last changed what the index holds.
     revision = models.BigIntegerField(db_index=True)

@@ -250,9 +250,10 @@ RELEVANCE_HELP = (
 class MemoryHitSerializer(serializers.Serializer):
     score = serializers.FloatField(
         help_text=(
-            "Higher ranks first. hybrid: the sum of the dense and BM25 z-scores among the "
-            "candidates (can be negative), plus the neighbour context of an episodic item "
-            "stored with a session (MEMORY_NEIGHBOUR_WEIGHT); dense: cosine similarity; "
+            "Higher ranks first. hybrid: the sum of the dense (whole text and best sentence, "
+            "MEMORY_SENTENCE_WEIGHT) and BM25 z-scores among the candidates (can be negative), "
+            "plus the neighbour context of an episodic item stored with a session "
+            "(MEMORY_NEIGHBOUR_WEIGHT); dense: cosine similarity; "
             "sparse: BM25; with rerank: the cross-encoder's score."
         )
     )

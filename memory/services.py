@@ -23,7 +23,7 @@ from ferrum_memory.core.revisions import (
     revision_take,
 )
 
-from .embeddings import get_embedder
+from .embeddings import get_embedder, sentences
 from .models import REVISION, MemoryEvent, MemoryItem, MemoryTombstone, sensitivity_rank
 from .vector_index import EmbeddingModelMismatch, SearchFilter, get_vector_index
 
@@ -140,10 +140,14 @@ def memory_store_many(
     now = now or timezone.now()
     memory_check_model()
     embedder = get_embedder()
-    vectors = embedder.embed_documents([item["content"] for item in items])
+    contents = [item["content"] for item in items]
+    vectors = embedder.embed_documents(contents)
+    sentence_vectors = embedder.embed_sentences(contents)
     near = [_near_duplicate(item["agent_id"], vectors[i], now) for i, item in enumerate(items)]
     with transaction.atomic():
-        results = _store_rows(items, vectors, near, now, embedder.model_name, actor)
+        results = _store_rows(
+            items, vectors, sentence_vectors, near, now, embedder.model_name, actor
+        )
     indexed = memory_index_now()
     return [StoredMemory(item, duplicate, indexed) for item, duplicate in results]
 
@@ -155,6 +159,7 @@ def _live(now: datetime) -> QuerySet[MemoryItem]:
 def _store_rows(
     items: Sequence[dict[str, Any]],
     vectors: np.ndarray,
+    sentence_vectors: list[bytes],
     near: list[str | None],
     now: datetime,
     model: str,
@@ -165,7 +170,9 @@ def _store_rows(
     events: list[MemoryEvent] = []
     stored_in_batch: list[tuple[str, np.ndarray, MemoryItem]] = []
     next_position: dict[tuple[str, str], int] = {}
-    for item, vector, near_id in zip(items, vectors, near, strict=True):
+    for item, vector, sentence_blob, near_id in zip(
+        items, vectors, sentence_vectors, near, strict=True
+    ):
         digest = content_hash(item["content"])
         # Live items only, as the near-duplicate search: merged into an expired item (which
         # the purge deletes next), a store would answer 201 for a memory already gone.
@@ -217,6 +224,7 @@ def _store_rows(
             created_at=now,
             expires_at=now + timedelta(seconds=ttl) if ttl else None,
             embedding=vector.astype("<f4").tobytes(),
+            sentence_embeddings=sentence_blob,
             embedding_model=model,
             revision=revision,
         )
@@ -392,6 +400,7 @@ def memory_update(
             row.content = content or ""
             row.content_hash = digest
             row.embedding = vector.astype("<f4").tobytes()
+            row.sentence_embeddings = embedder.embed_sentences([row.content])[0]
             row.embedding_model = embedder.model_name
         changed = _diff(before, _snapshot(row))
         if not changed:
@@ -446,7 +455,8 @@ def _merge_into(
 
 
 def memory_reindex(*, batch: int = 64) -> int:
-    """Re-embed every item whose model is not the configured one, then rebuild the index."""
+    """Re-embed every item whose model is not the configured one, embed the sentences of items
+    stored before their sentence vectors were kept, then rebuild the index."""
     from .vector_index import reset_vector_index
 
     embedder = get_embedder()
@@ -457,19 +467,37 @@ def memory_reindex(*, batch: int = 64) -> int:
         )[:batch]
     ):
         vectors = embedder.embed_documents([content for _, content in rows])
+        sentence_vectors = embedder.embed_sentences([content for _, content in rows])
         with transaction.atomic():
             revision = revision_take(name=REVISION)
-            for (pk, _), vector in zip(rows, vectors, strict=True):
+            for (pk, _), vector, blob in zip(rows, vectors, sentence_vectors, strict=True):
                 MemoryItem.objects.filter(pk=pk).update(
                     embedding=vector.astype("<f4").tobytes(),
+                    sentence_embeddings=blob,
                     embedding_model=embedder.model_name,
                     revision=revision,
                 )
         redone += len(rows)
+    _fill_sentence_vectors(batch)
     reset_model_check()
     get_vector_index().rebuild()  # drop whatever it held and refill it from the DB
     reset_vector_index()
     return redone
+
+
+def _fill_sentence_vectors(batch: int) -> None:
+    """Sentence vectors for the items stored before items kept them (an item of one sentence
+    has none, and is left as it is)."""
+    embedder = get_embedder()
+    empty = MemoryItem.objects.filter(sentence_embeddings=b"").values_list("id", "content")
+    split = [(pk, content) for pk, content in empty.iterator() if len(sentences(content)) > 1]
+    for start in range(0, len(split), batch):
+        rows = split[start : start + batch]
+        blobs = embedder.embed_sentences([content for _, content in rows])
+        with transaction.atomic():
+            revision = revision_take(name=REVISION)
+            for (pk, _), blob in zip(rows, blobs, strict=True):
+                MemoryItem.objects.filter(pk=pk).update(sentence_embeddings=blob, revision=revision)
 
 
 class RerankUnavailable(ServiceError):

@@ -213,6 +213,9 @@ MEMORY_NEAR_DUPLICATE = env.float("MEMORY_NEAR_DUPLICATE", default=0.95)
 # Hybrid search's neighbour context (memory.selectors): an episodic hit of a session gains
 # this share of its best adjacent item's score; 0 turns it off.
 MEMORY_NEIGHBOUR_WEIGHT = env.float("MEMORY_NEIGHBOUR_WEIGHT", default=0.3)
+# Hybrid search's sentence vectors (memory.vector_index): the share of an item's dense score
+# that its best sentence gives; 0 turns it off (they are stored and indexed either way).
+MEMORY_SENTENCE_WEIGHT = env.float("MEMORY_SENTENCE_WEIGHT", default=0.3)
 # POST /memory/context: the tokenizer that counts its budget (memory.tokens), and the default
 # relevance below which a memory is left out of a context (calibrated by bench/context.py).
 CONTEXT_TOKENIZER = env.str("CONTEXT_TOKENIZER", default="o200k_base")

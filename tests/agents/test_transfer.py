@@ -4,6 +4,7 @@ import base64
 import uuid
 from typing import Any
 
+import numpy as np
 import orjson
 import pytest
 from django.core.management import call_command
@@ -121,6 +122,31 @@ def test_a_file_from_another_embedding_model_is_re_embedded(engines):
     body = ok(send(client, other), 201)
     assert body["reembedded"] == body["imported"]["memory_items"] > 0
     assert searches(client) == before
+
+
+def test_sentence_vectors_move_with_the_item_and_an_older_file_gets_them(engines):
+    client = client_for()
+    loaded(client)
+    # No word of the queries: BM25's statistics of the erased copies must not matter (loaded).
+    long = "The garden needs water. The roses bloomed early. Tomatoes come next month."
+    client.post("/memory/store", {"agent_id": AGENT, "content": long}, format="json")
+    stored = bytes(MemoryItem.objects.get(agent_id=AGENT, content=long).sentence_embeddings)
+    assert len(stored) == 3 * 384 * 4
+    before = searches(client)
+    lines = export(client)
+    older = []
+    for raw in lines:
+        record = orjson.loads(raw)
+        record.pop("sentence_embeddings", None)  # as exported before items kept them
+        older.append(orjson.dumps(record))
+    for file in (lines, older):
+        ok(client.delete(f"/agents/{AGENT}"))
+        body = ok(send(client, file), 201)
+        assert body["reembedded"] == 0
+        item = MemoryItem.objects.get(agent_id=AGENT, content=long)
+        again = np.frombuffer(bytes(item.sentence_embeddings), dtype=np.float32)
+        assert np.allclose(again, np.frombuffer(stored, dtype=np.float32), atol=1e-5)
+        assert searches(client) == before
 
 
 @pytest.mark.parametrize(

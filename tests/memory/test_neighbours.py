@@ -55,13 +55,20 @@ def test_the_migration_numbers_existing_items_in_the_order_they_were_stored():
     assert positions() == {c: i for i, c in enumerate(contents)} | {"no session": None}
 
 
-def test_neighbour_context_adds_the_best_adjacent_score_above_the_floor():
+def test_neighbour_context_adds_the_best_adjacent_score_above_the_floor_and_half_two_away():
     a, b, c, d, e = (uuid.uuid4() for _ in range(5))
     hits = [(a, 3.0), (b, 2.0), (c, 1.0), (d, 0.5), (e, -1.0)]
     places = {a: ("s", 4), b: ("t", 0), c: ("s", 5), e: ("s", 3)}  # d: no session
     rescored = dict(neighbour_context(hits, places, 0.5))
     # floor -1; a's neighbours are c (1.0) and e (-1.0); c's is a (3.0); e's is a; b has none.
-    assert rescored == {a: 3.0 + 0.5 * 2.0, b: 2.0, c: 1.0 + 0.5 * 4.0, d: 0.5, e: -1.0 + 2.0}
+    # Two places away, at half the weight: e has c (s 5); c has e, at the floor; a has none.
+    assert rescored == {
+        a: 3.0 + 0.5 * 2.0,
+        b: 2.0,
+        c: 1.0 + 0.5 * 4.0,
+        d: 0.5,
+        e: -1.0 + 0.5 * (4.0 + 2.0 / 2),
+    }
     assert [pk for pk, _ in neighbour_context(hits, places, 0.5)] == [a, c, b, e, d]
     assert neighbour_context([], {}, 0.5) == []
 
@@ -101,8 +108,10 @@ def test_a_turn_is_found_through_the_turn_before_it(settings):
     # The answer shares few words with the question; the question before it shares many.
     assert without[0] == TALK[0] and with_context[0] == TALK[0]
     assert without.index(TALK[1]) > 2 and with_context.index(TALK[1]) == 2, (without, with_context)
-    # Items without a session keep their order among themselves.
-    assert [c for c in with_context if c in OTHERS] == [c for c in without if c in OTHERS]
+    # Items without a session keep their order among themselves (the last may drop out of the
+    # top 10 below a turn that gained).
+    kept = [c for c in with_context if c in OTHERS]
+    assert kept == [c for c in without if c in OTHERS][: len(kept)]
 
 
 def test_only_hybrid_search_uses_the_context(settings):
@@ -127,3 +136,39 @@ def test_a_consolidations_items_get_no_context(settings):
     query = "What did Caroline bring to the potluck at the community garden?"
     default = settings.MEMORY_NEIGHBOUR_WEIGHT
     assert ranked(query, settings, default) == ranked(query, settings, 0.0)
+
+
+def test_the_context_reads_the_whole_pool_not_only_the_hits_asked_for(settings, monkeypatch):
+    """A hit's neighbour counts wherever it ranks in the pool: asked for the top 1, the search
+    still scores the question through the answer below it, against the pool's lowest score.
+    The pool stays each mode's top PREFETCH (here 6 of 13 items), however many are asked for."""
+    from memory import vector_index
+    from memory.embeddings import get_embedder
+    from memory.selectors import session_places
+    from memory.vector_index import SearchFilter, get_vector_index
+
+    monkeypatch.setattr(vector_index, "PREFETCH", 6)
+    memory_store_many(items=[{"agent_id": "a", "content": c} for c in OTHERS])
+    memory_store_many(items=[{"agent_id": "a", "session_id": "talk", "content": c} for c in TALK])
+    query = "What did Caroline bring to the potluck at the community garden?"
+    embedder = get_embedder()
+    pool = get_vector_index().search(
+        mode="hybrid",
+        dense=embedder.embed_query(query).tolist(),
+        sparse=embedder.sparse_query(query),
+        flt=SearchFilter(agent_id="a", now=0.0),
+        limit=1,
+        whole_pool=True,
+    )
+    assert 6 < len(pool) < len(OTHERS) + len(TALK)
+    weight = settings.MEMORY_NEIGHBOUR_WEIGHT
+    expected = neighbour_context(pool, session_places([pk for pk, _ in pool]), weight)
+    top_only = neighbour_context(pool[:1], session_places([pool[0][0]]), weight)
+    # The top hit gains from a neighbour below it: with only itself there is nothing to gain.
+    assert expected[0][0] == top_only[0][0] and expected[0][1] > top_only[0][1] == pool[0][1]
+
+    hits = memory_search(query=query, agent_id="a", limit=1)
+
+    assert [(h.item.pk, h.score) for h in hits] == [
+        (pk, pytest.approx(score)) for pk, score in expected[:1]
+    ]

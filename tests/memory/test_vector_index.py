@@ -236,6 +236,11 @@ def test_hybrid_search_fuses_both_scores_of_every_candidate(settings, monkeypatc
 
     assert [pk for pk, _ in hits] == [pk for pk, _ in expected[:3]]
     assert [score for _, score in hits] == pytest.approx([score for _, score in expected[:3]])
+    # The whole pool, as neighbour context reads it: the same candidates and scores, not more.
+    assert len(pool) > 3
+    whole = index.search(mode="hybrid", limit=3, whole_pool=True, **call)
+    assert [pk for pk, _ in whole] == [pk for pk, _ in expected]
+    assert [score for _, score in whole] == pytest.approx([score for _, score in expected])
 
 
 @pytest.mark.django_db

@@ -6,7 +6,10 @@ from memory.services import memory_reindex
 
 
 class Command(BaseCommand):
-    help = "Re-embed memory items made by another model, then rebuild the vector index from the DB."
+    help = (
+        "Re-embed memory items made by another model (and the sentences of items stored without "
+        "sentence vectors), then rebuild the vector index from the DB."
+    )
 
     def handle(self, *args: Any, **options: Any) -> None:
         redone = memory_reindex()

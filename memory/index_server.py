@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from django.conf import settings
-from django.db import close_old_connections
+from django.db import close_old_connections, connections
 
 from ferrum_memory.core.exceptions import Unavailable
 
@@ -166,7 +166,10 @@ class IndexServer:
                         except OSError:  # the client gave up waiting (it asked another)
                             return
                 finally:
-                    close_old_connections()
+                    # The thread ends with its client's socket: its connections end with it.
+                    # close_old_connections() kept one younger than CONN_MAX_AGE open until the
+                    # garbage collector found it (the soak's database connections grew).
+                    connections.close_all()
 
         old_umask = os.umask(0o177)  # the socket: this user only
         try:

@@ -159,14 +159,14 @@ class Embedder:
         """Each text's sentence vectors (float32, little-endian, one after another) when it has
         two or more sentences, else b"": all of them embedded in one batch."""
         split = [sentences(text) for text in texts]
-        flat = [part for parts in split if len(parts) > 1 for part in parts]
-        vectors = self.embed_documents(flat).astype("<f4")
-        blobs, start = [], 0
-        for parts in split:
-            count = len(parts) if len(parts) > 1 else 0
-            blobs.append(vectors[start : start + count].tobytes())
-            start += count
-        return blobs
+        return _sentence_blobs(split, self.embed_documents(_split_sentences(split)))
+
+    def embed_with_sentences(self, texts: list[str]) -> tuple[FloatMatrix, list[bytes]]:
+        """embed_documents(texts) and embed_sentences(texts) in one batch: one model call, whose
+        length sort mixes the texts with their sentences."""
+        split = [sentences(text) for text in texts]
+        vectors = self.embed_documents([*texts, *_split_sentences(split)])
+        return vectors[: len(texts)], _sentence_blobs(split, vectors[len(texts) :])
 
     @traced(
         "embedding.query",
@@ -189,6 +189,22 @@ def sentences(text: str) -> list[str]:
     """`text`'s sentences, at most MAX_SENTENCES; the whole text when it has no break."""
     parts = [part.strip() for part in SENTENCE_END.split(text) if part.strip()]
     return (parts or [text])[:MAX_SENTENCES]
+
+
+def _split_sentences(split: list[list[str]]) -> list[str]:
+    """The sentences to embed: those of texts of two or more."""
+    return [part for parts in split if len(parts) > 1 for part in parts]
+
+
+def _sentence_blobs(split: list[list[str]], vectors: FloatMatrix) -> list[bytes]:
+    """Each text's share of the sentence vectors, in the order _split_sentences gave them."""
+    vectors = vectors.astype("<f4")
+    blobs, start = [], 0
+    for parts in split:
+        count = len(parts) if len(parts) > 1 else 0
+        blobs.append(vectors[start : start + count].tobytes())
+        start += count
+    return blobs
 
 
 def _observed(kind: str, batch_size: int) -> Any:

@@ -141,8 +141,7 @@ def memory_store_many(
     memory_check_model()
     embedder = get_embedder()
     contents = [item["content"] for item in items]
-    vectors = embedder.embed_documents(contents)
-    sentence_vectors = embedder.embed_sentences(contents)
+    vectors, sentence_vectors = embedder.embed_with_sentences(contents)
     near = [_near_duplicate(item["agent_id"], vectors[i], now) for i, item in enumerate(items)]
     with transaction.atomic():
         results = _store_rows(
@@ -359,11 +358,12 @@ def memory_update(
     other item, and both histories say so."""
     now = now or timezone.now()
     content = changes.get("content")
-    vector, near_id = None, None
+    vector, near_id, sentence_blob = None, None, b""
     embedder = get_embedder()
     if content is not None and content != item.content:
         memory_check_model()
-        vector = embedder.embed_documents([content])[0]
+        vectors, blobs = embedder.embed_with_sentences([content])
+        vector, sentence_blob = vectors[0], blobs[0]
         near_id = _near_duplicate(item.agent_id, vector, now, exclude=item.pk)
     with transaction.atomic():
         # The revision first: its row lock orders this write after any other, so the version
@@ -400,7 +400,7 @@ def memory_update(
             row.content = content or ""
             row.content_hash = digest
             row.embedding = vector.astype("<f4").tobytes()
-            row.sentence_embeddings = embedder.embed_sentences([row.content])[0]
+            row.sentence_embeddings = sentence_blob
             row.embedding_model = embedder.model_name
         changed = _diff(before, _snapshot(row))
         if not changed:
@@ -466,8 +466,7 @@ def memory_reindex(*, batch: int = 64) -> int:
             "id", "content"
         )[:batch]
     ):
-        vectors = embedder.embed_documents([content for _, content in rows])
-        sentence_vectors = embedder.embed_sentences([content for _, content in rows])
+        vectors, sentence_vectors = embedder.embed_with_sentences([content for _, content in rows])
         with transaction.atomic():
             revision = revision_take(name=REVISION)
             for (pk, _), vector, blob in zip(rows, vectors, sentence_vectors, strict=True):

@@ -20,10 +20,10 @@ import logging
 import threading
 import time
 import uuid
-from collections.abc import Iterable, Sequence
+from collections.abc import Hashable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 import numpy as np
 from django.conf import settings
@@ -103,7 +103,7 @@ class SearchFilter:
     min_importance: float | None = None
     # The most sensitive level admitted (a MemoryItem.Sensitivity); empty admits every level.
     max_sensitivity: str = ""
-    point_ids: tuple[uuid.UUID, ...] = ()  # only these points, when given
+    point_ids: tuple[str, ...] = ()  # only these points (as the engine names them), when given
 
 
 @dataclass(frozen=True)
@@ -115,6 +115,14 @@ class IndexPoint:
     sentences: list[list[float]] = field(default_factory=list)  # none: one sentence
 
 
+# An engine names a hit by its point id as the engine's own string (a UUID's canonical form):
+# hybrid search passes its pool of ~100 ids back to the engine twice, and a uuid.UUID made and
+# turned back into a string for each cost ~0.5 ms of a search's CPU. VectorIndex.search hands
+# out uuid.UUIDs.
+Hit = tuple[str, float]
+Key = TypeVar("Key", bound=Hashable)  # a point id, as the engine or the DB names it
+
+
 class Engine(Protocol):
     def upsert(self, points: list[IndexPoint]) -> None: ...
     def delete(self, ids: list[uuid.UUID]) -> None: ...
@@ -122,10 +130,10 @@ class Engine(Protocol):
     def optimize(self) -> bool: ...
     def search(
         self, *, mode: str, dense: list[float], sparse: SparseVector, flt: SearchFilter, limit: int
-    ) -> list[tuple[uuid.UUID, float]]: ...
+    ) -> list[Hit]: ...
     def dense_scored_pool(
         self, *, dense: list[float], sparse: SparseVector, flt: SearchFilter, depth: int
-    ) -> list[tuple[uuid.UUID, float]]: ...
+    ) -> list[Hit]: ...
     def load_state(self) -> dict[str, Any]: ...
     def save_state(self, state: dict[str, Any]) -> None: ...
     def close(self) -> None: ...
@@ -317,7 +325,7 @@ class EdgeEngine:
 
     def search(
         self, *, mode: str, dense: list[float], sparse: SparseVector, flt: SearchFilter, limit: int
-    ) -> list[tuple[uuid.UUID, float]]:
+    ) -> list[Hit]:
         from qdrant_edge import QueryRequest
 
         query, params = _edge_query(mode, dense, sparse)
@@ -328,7 +336,7 @@ class EdgeEngine:
 
     def dense_scored_pool(
         self, *, dense: list[float], sparse: SparseVector, flt: SearchFilter, depth: int
-    ) -> list[tuple[uuid.UUID, float]]:
+    ) -> list[Hit]:
         """Each mode's top `depth` hits, pooled, each with its dense score: one query."""
         from qdrant_edge import Prefetch, QueryRequest
 
@@ -393,9 +401,9 @@ def _vectors(point: IndexPoint, sparse: Any) -> Any:
     return vectors
 
 
-def _id_scores(hits: Iterable[Any]) -> list[tuple[uuid.UUID, float]]:
+def _id_scores(hits: Iterable[Any]) -> list[Hit]:
     """(point id, score) of each hit, as either engine answers them."""
-    return [(uuid.UUID(str(hit.id)), float(hit.score)) for hit in hits]
+    return [(str(hit.id), float(hit.score)) for hit in hits]
 
 
 def _edge_query(mode: str, dense: list[float], sparse: SparseVector) -> tuple[Any, Any]:
@@ -416,7 +424,7 @@ def _edge_filter(flt: SearchFilter) -> Any:
 
     must: list[Any] = [FieldCondition("agent_id", match=MatchValue(flt.agent_id))]
     if flt.point_ids:
-        must.append(HasIdCondition({str(pk) for pk in flt.point_ids}))
+        must.append(HasIdCondition(set(flt.point_ids)))
     if flt.kinds:
         must.append(FieldCondition("kind", match=MatchAny(flt.kinds)))
     if flt.tags:
@@ -526,7 +534,7 @@ class ServerEngine:
 
     def search(
         self, *, mode: str, dense: list[float], sparse: SparseVector, flt: SearchFilter, limit: int
-    ) -> list[tuple[uuid.UUID, float]]:
+    ) -> list[Hit]:
         query, using, params = _server_query(mode, dense, sparse)
         hits = self._client.query_points(
             self._collection,
@@ -540,7 +548,7 @@ class ServerEngine:
 
     def dense_scored_pool(
         self, *, dense: list[float], sparse: SparseVector, flt: SearchFilter, depth: int
-    ) -> list[tuple[uuid.UUID, float]]:
+    ) -> list[Hit]:
         """Each mode's top `depth` hits, pooled, each with its dense score: one request."""
         from qdrant_client import models
 
@@ -599,7 +607,7 @@ def _server_filter(flt: SearchFilter) -> Any:
         models.FieldCondition(key="agent_id", match=models.MatchValue(value=flt.agent_id))
     ]
     if flt.point_ids:
-        must.append(models.HasIdCondition(has_id=[str(pk) for pk in flt.point_ids]))
+        must.append(models.HasIdCondition(has_id=list(flt.point_ids)))
     if flt.kinds:
         must.append(models.FieldCondition(key="kind", match=models.MatchAny(any=flt.kinds)))
     if flt.tags:
@@ -765,11 +773,14 @@ class VectorIndex:
             try:
                 self._catch_up_unless_disk_full()
                 if mode == "hybrid":
-                    fused = self._hybrid_search(dense=dense, sparse=sparse, flt=flt, limit=limit)
-                    return fused if whole_pool else fused[:limit]
-                return self.engine.search(
-                    mode=mode, dense=dense, sparse=sparse, flt=flt, limit=limit
-                )
+                    hits = self._hybrid_search(dense=dense, sparse=sparse, flt=flt, limit=limit)
+                    if not whole_pool:
+                        hits = hits[:limit]
+                else:
+                    hits = self.engine.search(
+                        mode=mode, dense=dense, sparse=sparse, flt=flt, limit=limit
+                    )
+                return [(uuid.UUID(pk), score) for pk, score in hits]
             except Exception as exc:
                 if not _server_down(exc):
                     raise
@@ -790,7 +801,7 @@ class VectorIndex:
 
     def _hybrid_search(
         self, *, dense: list[float], sparse: SparseVector, flt: SearchFilter, limit: int
-    ) -> list[tuple[uuid.UUID, float]]:
+    ) -> list[Hit]:
         """Two engine calls: the pool with its dense scores, then the BM25 scores of the pool.
         The whole pool, fused, best first."""
         dense_scores = dict(
@@ -832,8 +843,8 @@ class VectorIndex:
 
 
 def fuse_z_scores(
-    pool: Sequence[uuid.UUID], scores: Sequence[dict[uuid.UUID, float]]
-) -> list[tuple[uuid.UUID, float]]:
+    pool: Sequence[Key], scores: Sequence[dict[Key, float]]
+) -> list[tuple[Key, float]]:
     """Rank `pool` by the sum over modes of each item's z-score among the pool; an item a mode
     did not score (BM25: no query term) scores 0 there. A mode whose scores are all equal
     tells nothing and adds 0. Ties keep the pool's order."""

@@ -283,13 +283,13 @@ class ReplayIndex:
         normaliser)."""
         if strategy == "prioritized":
             return self._sample_prioritized(buffer, batch_size, rng, exponent, stratified)
+        if strategy == "uniform":
+            keys, probabilities = buffer.sample_uniform(batch_size, rng)
+            return keys, probabilities, 1.0 / len(buffer)
         all_keys, _ = buffer.items()
-        if strategy == "recency":
-            created = buffer.payload("created")
-            # 0.5 ** (age / half_life), relative to the newest item to stay in range.
-            weights = np.exp2((created - created.max()) / half_life)
-        else:
-            weights = np.ones(all_keys.shape[0])
+        created = buffer.payload("created")
+        # 0.5 ** (age / half_life), relative to the newest item to stay in range.
+        weights = np.exp2((created - created.max()) / half_life)
         keys, probabilities = sample_weights(batch_size, rng, all_keys, weights)
         return keys, probabilities, float(weights[weights > 0].min() / weights.sum())
 

@@ -513,6 +513,27 @@ class PriorityIndex:
         slots = self._descend(u)
         return self._keys[slots], self._leaves[slots] / total
 
+    def sample_uniform(
+        self, batch_size: int, rng: np.random.Generator
+    ) -> tuple[Int64Array, Float64Array]:
+        """Draw ``batch_size`` live keys with replacement, each with P(i) = 1 / N, whatever its
+        priority. O(batch) while at least half the slots handed out are live: a slot drawn
+        among them is drawn again while it is free, so each live one is equally likely.
+        Otherwise the live slots are listed (O(N))."""
+        _check_batch_size(batch_size)
+        if not self._size:
+            raise ValueError("cannot sample from an empty replay index")
+        if 2 * self._size >= self._next:
+            slots = rng.integers(0, self._next, batch_size)
+            free = np.flatnonzero(~self._live[slots])
+            while free.size:
+                slots[free] = rng.integers(0, self._next, free.size)
+                free = free[~self._live[slots[free]]]
+        else:
+            live = self._live_slots()
+            slots = live[rng.integers(0, live.shape[0], batch_size)]
+        return self._keys[slots], np.full(batch_size, 1.0 / self._size)
+
     @staticmethod
     def _powered_weights(priorities: Float64Array, exponent: float) -> Float64Array:
         if not (math.isfinite(exponent) and exponent >= 0):
@@ -539,8 +560,8 @@ def sample_weights(
 ) -> tuple[Int64Array, Float64Array]:
     """Sample keys with replacement, P(i) = w_i / sum(w), in O(N) (cumsum + searchsorted).
 
-    For strategies whose weights change with time (recency) or are flat (uniform), where a
-    tree would have to be rewritten on every request anyway. Zero-weight keys are never drawn.
+    For weights that change with time (recency), where a tree would have to be rewritten on
+    every request anyway. Zero-weight keys are never drawn.
     """
     _check_batch_size(batch_size)
     k = _as_keys(keys)

@@ -155,6 +155,30 @@ def test_sample_powered_follows_powered_priorities(exponent: float) -> None:
     assert chi_square_p(draws, normalised(priorities)) < 1e-9  # differs from the unpowered law
 
 
+@pytest.mark.parametrize("removed", [30, 90])  # of 120: the drawn slots, or the live list
+def test_sample_uniform_gives_every_live_key_the_same_chance(removed: int) -> None:
+    rng = np.random.default_rng(8)
+    index = PriorityIndex()
+    keys = np.arange(1000, 1120)
+    index.upsert(keys, rng.uniform(0.0, 9.0, keys.size))  # priorities play no part
+    gone = rng.choice(keys, removed, replace=False)
+    index.remove(gone)  # freed slots scattered among the live ones
+    live = sorted(set(keys.tolist()) - set(gone.tolist()))
+
+    draws, probs = index.sample_uniform(100_000, rng)
+    assert set(draws.tolist()) == set(live)
+    np.testing.assert_array_equal(probs, 1.0 / len(live))
+    expected = normalised(dict.fromkeys(live, 1.0))
+    assert chi_square_p(draws, expected) > P_VALUE_FLOOR
+    # The same check rejects a law that favours the first half of the keys.
+    skewed = normalised({k: 2.0 if i < len(live) // 2 else 1.0 for i, k in enumerate(live)})
+    assert chi_square_p(draws, skewed) < 1e-9
+
+    index.remove(live)
+    with pytest.raises(ValueError, match="empty"):
+        index.sample_uniform(1, rng)
+
+
 def test_sample_weights_follows_weights_and_skips_zero_weights() -> None:
     rng = np.random.default_rng(7)
     keys = np.array([7, 8, 9, 10, 11])

@@ -35,6 +35,7 @@ class AppAccessLogger(Logger):
 
 
 logger_class = AppAccessLogger
+
 # Off: the app (and tracing, whose export thread does not survive a fork) loads in each worker.
 preload_app = False
 

@@ -286,6 +286,8 @@ class ReplayIndex:
         if strategy == "uniform":
             keys, probabilities = buffer.sample_uniform(batch_size, rng)
             return keys, probabilities, 1.0 / len(buffer)
+        if strategy != "recency":
+            raise ValueError(f"unknown replay strategy {strategy!r}")
         all_keys, _ = buffer.items()
         created = buffer.payload("created")
         # 0.5 ** (age / half_life), relative to the newest item to stay in range.

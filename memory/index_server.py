@@ -95,6 +95,7 @@ class IndexServer:
             vector_index.EdgeEngine(server_dir()), optimize_inline=False
         )
         self._stopping = threading.Event()
+        self._closed = threading.Event()  # serve_forever has closed its socket and index
         self._server: socketserver.ThreadingUnixStreamServer | None = None
 
     def handle(self, op: str, kwargs: dict[str, Any]) -> Any:
@@ -188,11 +189,16 @@ class IndexServer:
             server.server_close()
             path.unlink(missing_ok=True)
             self.index.close()
+            self._closed.set()
 
     def shutdown(self) -> None:
+        """Stop serve_forever, running in another thread, and wait until it has closed: its
+        socket file is gone then, so a socket bound at the same path afterwards (a test's
+        stand-in server) is not unlinked by a cleanup that was still to come."""
         self._stopping.set()
         if self._server is not None:
             self._server.shutdown()
+            self._closed.wait()
 
 
 def _portable(exc: Exception) -> Exception:

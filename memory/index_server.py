@@ -185,11 +185,13 @@ class IndexServer:
         try:
             server.serve_forever(poll_interval=0.5)
         finally:
-            self._stopping.set()
-            server.server_close()
-            path.unlink(missing_ok=True)
-            self.index.close()
-            self._closed.set()
+            try:
+                self._stopping.set()
+                server.server_close()
+                path.unlink(missing_ok=True)
+                self.index.close()
+            finally:
+                self._closed.set()  # even when closing failed: shutdown() waits for this
 
     def shutdown(self) -> None:
         """Stop serve_forever, running in another thread, and wait until it has closed: its

@@ -86,11 +86,11 @@ def setup_django(data_dir: str, *, keep_near_duplicates: bool = True) -> None:
 
 
 def cache_embeddings(path: Path) -> None:
-    """Keep every dense vector the Embedder makes in an SQLite file at `path`, keyed by model,
-    kind (document or query) and text, and answer from it on later runs: reruns of the quality
-    benches then embed nothing (bench/levers.py fills the same file). The service's code is
-    unchanged; only its embedder's two methods are wrapped. Stores then run faster than the
-    service does, so their items/s are no store throughput."""
+    """Keep every dense vector the Embedder makes in an SQLite file at `path`, keyed by model
+    (and model path), kind (document or query) and text, and answer from it on later runs:
+    reruns of the quality benches then embed nothing (bench/levers.py fills the same file). The
+    service's code is unchanged; only its embedder's two methods are wrapped. Stores then run
+    faster than the service does, so their items/s are no store throughput."""
     import numpy as np
 
     from memory.embeddings import Embedder
@@ -101,7 +101,9 @@ def cache_embeddings(path: Path) -> None:
     embed_documents, embed_query = Embedder.embed_documents, Embedder.embed_query
 
     def key(self: Embedder, kind: str, text: str) -> bytes:
-        return hashlib.sha256(f"{self.model_name}\0{kind}\0{text}".encode()).digest()
+        # A model read from FASTEMBED_MODEL_PATH is another model under the same name.
+        model = f"{self.model_name}\0{self._model_path}" if self._model_path else self.model_name
+        return hashlib.sha256(f"{model}\0{kind}\0{text}".encode()).digest()
 
     def cached_documents(self: Embedder, texts: list[str]) -> Any:
         keys = [key(self, "document", text) for text in texts]

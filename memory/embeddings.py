@@ -33,8 +33,15 @@ MINILM_SPECIAL_TOKENS = {
     "sep_token": "[SEP]",
     "mask_token": "[MASK]",
 }
-# Small batches: padding a long batch to its longest text slows the int8 kernels down.
+# Documents are embedded in batches of texts of like length (fastembed pads a batch to its
+# longest text) of at most DOCUMENT_BATCH texts and about BATCH_TOKENS padded tokens, counted
+# as CHARS_PER_TOKEN characters each (an English estimate: more tokens make a batch bigger,
+# not wrong). onnxruntime's arena keeps the largest batch's memory for the life of the process:
+# 16 abstracts of 256 tokens grew a process by ~590 MB and ran slower per text than one at a
+# time (~33 MB); short texts still go 8 or more at a time (bench/search.py, embedding part).
 DOCUMENT_BATCH = 16
+BATCH_TOKENS = 256
+CHARS_PER_TOKEN = 4
 # An item's sentences, which hybrid search scores beside its whole text (memory.vector_index):
 # a text is split after . ! or ? followed by a capital, a digit, a quote or a bracket. An item of
 # one sentence has none stored (its whole text is that sentence); a long one keeps its first
@@ -146,13 +153,15 @@ class Embedder:
     def embed_documents(self, texts: list[str]) -> FloatMatrix:
         if not texts:
             return np.zeros((0, self.dim), dtype=np.float32)
-        # fastembed pads each batch to its longest text, so texts of like length are batched
-        # together: the same vectors, much faster on a mix of short and long texts (measured by
-        # bench/search.py's store part).
         by_length = np.argsort([len(text) for text in texts], kind="stable")
-        embedded = self._dense.embed([texts[i] for i in by_length], batch_size=DOCUMENT_BATCH)
+        ordered = [texts[i] for i in by_length]
+        embedded = [
+            vector
+            for batch in document_batches(ordered)
+            for vector in self._dense.embed(batch, batch_size=len(batch))
+        ]
         vectors = np.empty((len(texts), self.dim), dtype=np.float32)
-        vectors[by_length] = np.stack(list(embedded))
+        vectors[by_length] = np.stack(embedded)
         return _normalised(vectors)
 
     def embed_sentences(self, texts: list[str]) -> list[bytes]:
@@ -183,6 +192,25 @@ class Embedder:
     def sparse_query(self, text: str) -> SparseVector:
         vector = self._bm25.embed_query(text)
         return SparseVector(list(vector.indices), list(vector.values))
+
+
+def document_batches(texts: list[str]) -> list[list[str]]:
+    """`texts` (shortest first) cut into consecutive batches of at most DOCUMENT_BATCH texts
+    whose padded size, the batch's length times its longest text's estimated tokens, stays
+    within BATCH_TOKENS; a text longer than that goes alone."""
+    batches: list[list[str]] = []
+    for text in texts:
+        tokens = len(text) // CHARS_PER_TOKEN + 2  # [CLS] and [SEP]
+        last = batches[-1] if batches else None
+        if (
+            last is not None
+            and len(last) < DOCUMENT_BATCH
+            and (len(last) + 1) * tokens <= BATCH_TOKENS
+        ):
+            last.append(text)
+        else:
+            batches.append([text])
+    return batches
 
 
 def sentences(text: str) -> list[str]:

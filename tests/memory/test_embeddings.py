@@ -1,6 +1,20 @@
+import json
+from pathlib import Path
+
 import numpy as np
 
-from memory.embeddings import DEFAULT_DIM, DEFAULT_MODEL, DOCUMENT_BATCH, Embedder, get_embedder
+from memory.embeddings import (
+    BATCH_TOKENS,
+    CHARS_PER_TOKEN,
+    DEFAULT_DIM,
+    DEFAULT_MODEL,
+    DOCUMENT_BATCH,
+    Embedder,
+    document_batches,
+    get_embedder,
+)
+
+SCIFACT = Path(__file__).resolve().parents[3] / "shared" / "data" / "scifact" / "corpus.jsonl"
 
 
 def test_documents_are_embedded_by_length_and_returned_in_the_order_given():
@@ -29,3 +43,46 @@ def test_the_dense_model_loads_on_first_use_and_the_default_width_is_its_own():
     assert embedder.dim == DEFAULT_DIM and embedder._dense_model is None
     assert embedder.embed_query("the harbour at dawn").shape == (DEFAULT_DIM,)
     assert embedder._dense_model is not None
+
+
+def test_document_batches_hold_texts_of_like_length_within_the_token_budget():
+    words = "the agent stored a memory about the deploy key".split()
+    rng = np.random.default_rng(3)
+    texts = sorted(
+        (" ".join(rng.choice(words, size=n)) for n in rng.integers(1, 300, 200)), key=len
+    )
+
+    batches = document_batches(texts)
+
+    assert [text for batch in batches for text in batch] == texts
+    for batch in batches:
+        padded = len(batch) * (len(batch[-1]) // CHARS_PER_TOKEN + 2)
+        assert len(batch) <= DOCUMENT_BATCH
+        assert len(batch) == 1 or padded <= BATCH_TOKENS
+    # Short texts still share batches; long ones go alone.
+    assert len(batches[0]) > DOCUMENT_BATCH // 2
+    assert len(batches[-1]) == 1
+
+
+def _anonymous_mb() -> float:
+    status = Path("/proc/self/status").read_text()
+    return (
+        int(next(line.split()[1] for line in status.splitlines() if line.startswith("RssAnon")))
+        / 1024
+    )
+
+
+def test_embedding_long_documents_leaves_the_process_about_the_size_it_was():
+    """onnxruntime's arena keeps the largest batch's memory for the process's life: 16 SciFact
+    abstracts (~256 tokens each) in one batch grew the process by ~590 MB. A batch now holds
+    about one of them (~33 MB). The figure is memory, not time: it does not vary with load."""
+    corpus = (json.loads(line)["text"] for line in SCIFACT.read_text().splitlines()[:300])
+    abstracts = [text for text in corpus if len(text) > 1500][: 2 * DOCUMENT_BATCH]  # > 256 tokens
+    assert len(abstracts) == 2 * DOCUMENT_BATCH
+    embedder = get_embedder()
+    embedder.embed_documents(abstracts[DOCUMENT_BATCH:])  # the model and a batch's arena
+    before = _anonymous_mb()
+
+    embedder.embed_documents(abstracts[:DOCUMENT_BATCH])
+
+    assert _anonymous_mb() - before < 150

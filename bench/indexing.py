@@ -17,6 +17,7 @@ Parts:
   abstract sentences and LoCoMo turns, each distinct (embedded by the service, one per store);
   queries are LoCoMo questions. Prints p50/p95/p99/max of the stores and of the searches, the
   slowest search and when it came, the load average, and each process's resident memory.
+  ``--code A B`` runs the service from each checkout in turn, ``--rounds`` times (A B A B).
 - ``scale`` (item 4): ``--scale-items`` rows written straight to the DB (see ``fill``: real
   LoCoMo and SciFact texts with their real embeddings, perturbed copies beyond the distinct
   texts), as one agent and as agents of 100; then the rebuild time (the index built from the DB
@@ -292,17 +293,21 @@ def part_stall(args: argparse.Namespace) -> None:
     turns, questions = locomo()
     rows = []
     ingest = texts[args.preload : args.preload + args.items]
-    for layout in args.layouts:
-        with tempfile.TemporaryDirectory(prefix="bench-indexing-") as folder:
-            env = base_env(Path(folder))
-            manage(env, "migrate", "--noinput")
-            made = (
-                fill(env, args.preload, args.preload, args.seed, agent=WRITER)
-                if args.preload
-                else ""
-            )
-            with service(Path(folder), LAYOUTS[layout]) as svc:
-                rows.append((layout, *stall_run(svc, ingest, turns, questions)))
+    # With two checkouts, they take turns (A B A B ...), so that both see the machine alike.
+    for _ in range(args.rounds):
+        for layout in args.layouts:
+            for code in args.code:
+                with tempfile.TemporaryDirectory(prefix="bench-indexing-") as folder:
+                    env = base_env(Path(folder))
+                    manage(env, "migrate", "--noinput")
+                    made = (
+                        fill(env, args.preload, args.preload, args.seed, agent=WRITER)
+                        if args.preload
+                        else ""
+                    )
+                    with service(Path(folder), LAYOUTS[layout], code=code) as svc:
+                        name = f"{code.name} {layout}" if len(args.code) > 1 else layout
+                        rows.append((name, *stall_run(svc, ingest, turns, questions)))
     print(
         f"\n## stall: {args.items:,} items stored one per request by 2 clients into one agent "
         f"holding {args.preload:,} already ({made or 'none'}, written to the DB), while 1 client "
@@ -658,7 +663,10 @@ def main() -> None:
         type=lambda path: Path(path).resolve(),
         nargs="+",
         default=[ROOT],
-        help="scale: run the service from these checkouts in turn (before and after a change)",
+        help="run the service from these checkouts in turn (before and after a change)",
+    )
+    parser.add_argument(
+        "--rounds", type=int, default=1, help="stall: runs of each checkout and layout, in turn"
     )
     args = parser.parse_args()
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(1))  # stop the service it started

@@ -9,13 +9,10 @@ import importlib.util
 import json
 import os
 import re
-import sys
 import threading
-from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -53,7 +50,6 @@ SENTENCE_END = re.compile(r"(?<=[.!?])\s+(?=[A-Z0-9\"'(\[])")
 MAX_SENTENCES = 32
 
 FloatMatrix = npt.NDArray[np.float32]
-T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -159,13 +155,11 @@ class Embedder:
             return np.zeros((0, self.dim), dtype=np.float32)
         by_length = np.argsort([len(text) for text in texts], kind="stable")
         ordered = [texts[i] for i in by_length]
-        embedded = _document_thread.run(
-            lambda: [
-                vector
-                for batch in document_batches(ordered)
-                for vector in self._dense.embed(batch, batch_size=len(batch))
-            ]
-        )
+        embedded = [
+            vector
+            for batch in document_batches(ordered)
+            for vector in self._dense.embed(batch, batch_size=len(batch))
+        ]
         vectors = np.empty((len(texts), self.dim), dtype=np.float32)
         vectors[by_length] = np.stack(embedded)
         return _normalised(vectors)
@@ -198,50 +192,6 @@ class Embedder:
     def sparse_query(self, text: str) -> SparseVector:
         vector = self._bm25.embed_query(text)
         return SparseVector(list(vector.indices), list(vector.values))
-
-
-class _DocumentThread:
-    """The thread that embeds this process's documents, EMBEDDING_DOCUMENT_NICENESS steps of
-    CPU priority below the process's other threads (0: documents are embedded in the calling
-    thread). A store or a consolidation embeds its texts and sentences: ~10-20 ms of CPU an
-    item, far more than the query a search embeds. On a busy machine the kernel then gives a
-    search the CPU first and the writes what is left, instead of an equal share, so that reads
-    keep their latency while an agent ingests (bench/indexing.py --part stall). Linux sets a
-    niceness per thread, so it is this thread's only; with FASTEMBED_THREADS > 1 onnxruntime's
-    own threads keep the priority of the thread that loaded the model."""
-
-    def __init__(self) -> None:
-        self._executor: ThreadPoolExecutor | None = None
-        self._lock = threading.Lock()
-        # A fork (gunicorn's workers, Celery's pool) keeps the executor but not its thread.
-        os.register_at_fork(after_in_child=self._forget)
-
-    def run(self, work: Callable[[], T]) -> T:
-        niceness = settings.EMBEDDING_DOCUMENT_NICENESS
-        if niceness <= 0 or sys.platform != "linux":  # elsewhere a niceness is the process's
-            return work()
-        with self._lock:
-            if self._executor is None:
-                self._executor = ThreadPoolExecutor(
-                    1,
-                    thread_name_prefix="document-embedding",
-                    initializer=_lower_this_threads_priority,
-                    initargs=(niceness,),
-                )
-            executor = self._executor
-        return executor.submit(work).result()
-
-    def _forget(self) -> None:
-        self._executor, self._lock = None, threading.Lock()
-
-
-def _lower_this_threads_priority(niceness: int) -> None:
-    thread = threading.get_native_id()
-    # Raising one's niceness needs no privilege; the kernel caps it at 19.
-    os.setpriority(os.PRIO_PROCESS, thread, os.getpriority(os.PRIO_PROCESS, thread) + niceness)
-
-
-_document_thread = _DocumentThread()
 
 
 def document_batches(texts: list[str]) -> list[list[str]]:

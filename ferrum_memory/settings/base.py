@@ -205,10 +205,6 @@ FASTEMBED_MODEL = env.str("FASTEMBED_MODEL", default="sentence-transformers/all-
 # fastembed's cache for another model (nothing is downloaded at run time).
 FASTEMBED_MODEL_PATH = env.str("FASTEMBED_MODEL_PATH", default="")
 FASTEMBED_THREADS = env.int("FASTEMBED_THREADS", default=1)
-# Documents (stores, consolidations) are embedded on a thread this many steps of CPU priority
-# (niceness) below the process's others, so that searches get the CPU first on a busy machine
-# (memory.embeddings); 0: in the request's own thread, at its priority.
-EMBEDDING_DOCUMENT_NICENESS = env.int("EMBEDDING_DOCUMENT_NICENESS", default=10)
 # A fastembed cross-encoder for ?rerank=true (and a local folder for it); empty: rerank is off.
 FASTEMBED_RERANK_MODEL = env.str("FASTEMBED_RERANK_MODEL", default="")
 FASTEMBED_RERANK_MODEL_PATH = env.str("FASTEMBED_RERANK_MODEL_PATH", default="")

@@ -1,13 +1,8 @@
 import json
-import multiprocessing
-import os
-import threading
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
-from memory import embeddings
 from memory.embeddings import (
     BATCH_TOKENS,
     CHARS_PER_TOKEN,
@@ -91,60 +86,3 @@ def test_embedding_long_documents_leaves_the_process_about_the_size_it_was():
     embedder.embed_documents(abstracts[:DOCUMENT_BATCH])
 
     assert _anonymous_mb() - before < 150
-
-
-def _niceness() -> int:
-    return os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
-
-
-def test_documents_are_embedded_on_a_thread_of_lower_priority_and_queries_are_not(
-    settings, monkeypatch
-):
-    """A store's embedding must yield the CPU to a search's: it runs on a thread
-    EMBEDDING_DOCUMENT_NICENESS steps nicer than the caller, with the same vectors."""
-    settings.EMBEDDING_DOCUMENT_NICENESS = 5
-    # A thread of its own: the process's may exist already, made at the default niceness.
-    monkeypatch.setattr(embeddings, "_document_thread", embeddings._DocumentThread())
-    embedder = Embedder(DEFAULT_MODEL)
-    model = embedder._dense
-    seen: list[tuple[str, int]] = []
-    real_embed, real_query = model.embed, model.query_embed
-
-    def embed(*args: Any, **kwargs: Any) -> Any:  # records the thread's niceness, then embeds
-        seen.append(("document", _niceness()))
-        return list(real_embed(*args, **kwargs))
-
-    def query_embed(*args: Any, **kwargs: Any) -> Any:
-        seen.append(("query", _niceness()))
-        return list(real_query(*args, **kwargs))
-
-    model.embed, model.query_embed = embed, query_embed
-    texts = ["the harbour at dawn", "a ferry left the quay. The gulls followed it."]
-
-    niced = embedder.embed_documents(texts)
-    embedder.embed_query("the harbour")
-    settings.EMBEDDING_DOCUMENT_NICENESS = 0
-    in_caller = embedder.embed_documents(texts)
-
-    own = _niceness()
-    assert seen == [("document", min(own + 5, 19)), ("query", own), ("document", own)]
-    np.testing.assert_array_equal(niced, in_caller)
-
-
-def _embed_in_child(queue: Any) -> None:
-    queue.put(get_embedder().embed_documents(["a text embedded after the fork"]).shape)
-
-
-def test_documents_are_embedded_in_a_process_forked_after_the_thread_started():
-    """gunicorn and Celery fork their workers: the executor of the parent, whose thread did not
-    come along, must not leave a child waiting for it forever."""
-    get_embedder().embed_documents(["the parent starts its document thread"])
-    context = multiprocessing.get_context("fork")
-    queue = context.Queue()
-    child = context.Process(target=_embed_in_child, args=(queue,))
-    child.start()
-    child.join(timeout=120)  # a bound, not a timed assertion: a hung child fails, not hangs
-    if child.is_alive():
-        child.kill()
-    assert child.exitcode == 0
-    assert queue.get(timeout=5) == (1, DEFAULT_DIM)

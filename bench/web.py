@@ -1,4 +1,4 @@
-"""What a client sees: ``python bench/web.py [--part web stall] [--sizes 10000 100000]``.
+"""What a client sees: ``python bench/web.py [--part web servers replay] [--sizes 10000 100000]``.
 
 - ``web``: each operation over HTTP through gunicorn as deployed (``tests/api/live_server.py``:
   the embedded defaults, 2 workers x 4 threads, keep-alive connections; the vector index in
@@ -13,8 +13,10 @@
   items are LoCoMo turns (numbered to be distinct) with random unit vectors, written straight
   to the DB as bench/search.py does; queries and stored texts are real LoCoMo text, embedded
   per request.
-- ``stall``: one agent ingests items one per store (2 clients) past the optimizer's
-  threshold while another agent's searches run; the stores' and the searches' latency.
+- ``servers``: what asking the index servers costs a search, in this process, alternating
+  between an index of its own and the servers on the same data.
+- ``replay``: replay of 256 at 10^6 rows on PostgreSQL (bench/replay.py's http part).
+  (The stall while the index builds is bench/indexing.py's.)
 
 Every figure of one table comes from one run; the load average is printed with it.
 """
@@ -522,6 +524,64 @@ def _print_targets(size: int, http_rows: dict[tuple[str, int], tuple[list[float]
     )
 
 
+def part_servers(args: argparse.Namespace) -> None:
+    """What asking the index servers costs a search, in this process, alternating between its
+    own index and the servers on the same data: memory_search whole, and the index's hybrid
+    call alone (the query embedded beforehand)."""
+    from django.conf import settings
+
+    from memory import vector_index
+    from memory.embeddings import get_embedder
+    from memory.selectors import memory_search
+
+    turns, questions = locomo_texts()
+    queries = questions[: args.requests]
+    embedder = get_embedder()
+    embedded = [(embedder.embed_query(q).tolist(), embedder.sparse_query(q)) for q in queries]
+    layouts = {"own index": 0, f"{args.index_servers} index servers": args.index_servers}
+    for size in args.sizes:
+        load_items(size, [READER], turns, seed=size)
+        build_indexes(args.index_servers + 1)  # theirs, and this process's own
+        times: dict[tuple[str, str], list[float]] = {}
+        with index_servers(args.index_servers):
+            for turn in range(ROUNDS):
+                # Each round in the other order, so that neither layout always goes first.
+                for name, servers in sorted(layouts.items(), reverse=bool(turn % 2)):
+                    settings.VECTOR_INDEX_SERVERS = servers
+                    vector_index.reset_vector_index()
+                    index = vector_index.get_vector_index()
+                    memory_search(query=queries[0], agent_id=READER)  # catch-up, warm-up
+                    for query, (dense, sparse) in zip(queries, embedded, strict=True):
+                        begin = time.perf_counter()
+                        memory_search(query=query, agent_id=READER)
+                        middle = time.perf_counter()
+                        flt = vector_index.SearchFilter(agent_id=READER, now=time.time())
+                        index.search(
+                            mode="hybrid",
+                            dense=dense,
+                            sparse=sparse,
+                            flt=flt,
+                            limit=10,
+                            whole_pool=True,
+                        )
+                        end = time.perf_counter()
+                        times.setdefault((name, "memory_search"), []).append(1e3 * (middle - begin))
+                        times.setdefault((name, "index call"), []).append(1e3 * (end - middle))
+            vector_index.reset_vector_index()
+            settings.VECTOR_INDEX_SERVERS = 0
+        print(
+            f"\n## {size:,} items of one agent, in process: its own index or the index servers, "
+            f"alternating ({ROUNDS} rounds of {len(queries)} searches), load {_load()}\n"
+        )
+        _print_table(
+            ("layout", "what", "p50 ms", "p95 ms", "p99 ms"),
+            [
+                (name, what, *(f"{value:.2f}" for value in _percentiles(values)))
+                for (name, what), values in times.items()
+            ],
+        )
+
+
 def part_replay(args: argparse.Namespace) -> None:
     """Replay of 256 at 10^6 rows on PostgreSQL: bench/replay.py's http part, its replay rows
     only (each through gunicorn beside the same request in process). Its database is
@@ -546,7 +606,7 @@ def _run(args: argparse.Namespace, data_dir: str) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--part", nargs="+", default=["web"])
+    parser.add_argument("--part", nargs="+", default=["web"], choices=["web", "servers", "replay"])
     parser.add_argument("--sizes", type=int, nargs="+", default=[10**4])
     parser.add_argument("--requests", type=int, default=200)
     names = ("trivial", "search", "context", "store 1", "store 256")
@@ -567,11 +627,15 @@ def main(argv: list[str] | None = None) -> None:
         "workers ask this tree's; 0: each web worker holds a copy of the index",
     )
     args = parser.parse_args(argv)
+    if "servers" in args.part and not args.index_servers:
+        parser.error("--part servers compares with the index servers: --index-servers 1 or more")
     with tempfile.TemporaryDirectory(prefix="ferrum-bench-http-") as data_dir:
         setup_django(data_dir, keep_near_duplicates=False)
         print(f"# bench/web.py on {platform.node()}, load {_load()}")
         if "web" in args.part:
             _run(args, data_dir)
+        if "servers" in args.part:
+            part_servers(args)
         if "replay" in args.part:
             part_replay(args)
 

@@ -49,11 +49,6 @@ LAST_TRY_SECONDS = 60.0
 # it answers them before it stops for the build.
 BUSY_GRACE_SECONDS = 0.05
 OPTIMIZE_POLL_SECONDS = 0.2
-# A server answers each client connection on a thread of its own, and glibc gives threads heaps
-# (arenas) of their own, which keep what a request freed: in the soak (bench/soak.py) a server's
-# arenas grew ~3.5 MB an hour while its Python objects stayed flat (tracemalloc). So the
-# optimizer thread gives the free pages back to the system this often (a few ms each time).
-RELEASE_MEMORY_EVERY_SECONDS = 60.0
 
 
 def server_dir() -> Path:
@@ -138,7 +133,6 @@ class IndexServer:
         return True
 
     def _optimizer(self) -> None:
-        released = time.monotonic()
         while not self._stopping.wait(OPTIMIZE_POLL_SECONDS):
             try:
                 self.optimize_when_due()
@@ -146,9 +140,6 @@ class IndexServer:
                 logger.exception("index server %s: building graphs failed", self.slot)
             finally:
                 close_old_connections()
-            if time.monotonic() - released >= RELEASE_MEMORY_EVERY_SECONDS:
-                vector_index.release_freed_memory()
-                released = time.monotonic()
 
     def serve_forever(self, *, build_graphs: bool = True) -> None:
         """Answer requests until `shutdown`; with `build_graphs`, a thread builds them when due

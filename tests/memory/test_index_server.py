@@ -124,27 +124,6 @@ def test_a_server_building_graphs_is_marked_busy_and_skipped(servers, settings, 
 
 
 @pytest.mark.django_db(transaction=True)
-@pytest.mark.parametrize("servers", [True], indirect=True)
-def test_each_server_gives_freed_memory_back_to_the_system_now_and_then(servers, monkeypatch):
-    """The threads answering clients leave freed memory in glibc's arenas: each server's
-    optimizer thread trims them every RELEASE_MEMORY_EVERY_SECONDS, searches or not."""
-    released = []
-    real_release = vector_index.release_freed_memory
-
-    def release() -> None:  # counts, then trims for real
-        released.append(threading.get_ident())
-        real_release()
-
-    monkeypatch.setattr(vector_index, "release_freed_memory", release)
-    monkeypatch.setattr(index_server, "RELEASE_MEMORY_EVERY_SECONDS", 0.0)
-    for _ in range(500):  # a deadline of 10 s, not a timed assertion
-        if len(set(released)) >= 2:
-            break
-        threading.Event().wait(0.02)
-    assert len(set(released)) >= 2  # both servers' optimizer threads
-
-
-@pytest.mark.django_db(transaction=True)
 def test_a_client_leaves_a_server_that_turns_busy_before_it_answers(servers, monkeypatch):
     index = vector_index.get_vector_index()
     silent = index.home

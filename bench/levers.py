@@ -49,6 +49,7 @@ CACHE = ROOT / "var" / "levers"
 # Every vector embedded here, by text: bench/retrieval.py --embed-cache reuses it.
 EMBED_CACHE = ROOT / "var" / "embeddings.sqlite"
 PREFETCH = 50
+DIVERSITY_DEPTH = 30  # the session diversity lever re-ranks this many of the top
 SENTENCE = re.compile(r"(?<=[.!?])\s+(?=[A-Z0-9\"'(\[])")
 CATEGORY_NAMES = {1: "multi-hop", 2: "temporal", 3: "open-domain", 4: "single-hop"}
 
@@ -416,12 +417,12 @@ class Bench:
     def _penalise_sessions(
         self, docs: np.ndarray, pool: np.ndarray, fused: np.ndarray, penalty: float
     ) -> np.ndarray:
-        """Session diversity, MMR-like: the top 30 re-ranked greedily, each pick's score less
-        `penalty` standard deviations of the pool's scores per turn of its session already
-        picked; returned as scores that put the picks first in that order."""
+        """Session diversity, MMR-like: the top DIVERSITY_DEPTH re-ranked greedily, each pick's
+        score less `penalty` standard deviations of the pool's scores per turn of its session
+        already picked; returned as scores that put the picks first in that order."""
         spread = float(fused.std()) or 1.0
         sessions = [self.ds.doc_session[doc] for doc in docs[pool]]
-        top = list(np.argsort(-fused, kind="stable")[:30])
+        top = list(np.argsort(-fused, kind="stable")[:DIVERSITY_DEPTH])
         picked: dict[str, int] = defaultdict(int)
         out = fused.copy()
         ceiling = float(fused.max()) + 1.0
@@ -429,7 +430,7 @@ class Bench:
             best = max(top, key=lambda i: fused[i] - penalty * spread * picked[sessions[i]])
             top.remove(best)
             picked[sessions[best]] += 1
-            out[best] = ceiling + 30 - rank
+            out[best] = ceiling + DIVERSITY_DEPTH - rank
         return out
 
     def _cap_sessions(self, order: np.ndarray, cap: int) -> np.ndarray:

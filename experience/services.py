@@ -28,6 +28,7 @@ from ferrum_memory.core.revisions import (
     revision_delete_all,
     revision_purge_expired,
     revision_take,
+    rows_locked,
 )
 
 from .models import (
@@ -191,7 +192,7 @@ def experience_td_error_update(
     visible = Experience.objects.filter(experience_id__in=latest)
     if agent_ids is not None:
         visible = visible.filter(agent_id__in=agent_ids)
-    pks = dict(visible.values_list("experience_id", "id"))
+    pks = dict(rows_locked(visible, update_only=True).values_list("experience_id", "id"))
     rows = [
         Experience(id=pk, td_error=latest[eid], priority=priority_from_td_error(latest[eid]))
         for eid, pk in pks.items()
@@ -225,7 +226,7 @@ def experience_curate(
 def experience_reset_priority_to_max(*, queryset: QuerySet[Experience]) -> int:
     """Give each selected experience its agent's current max priority."""
     revision = revision_take(name=REVISION)
-    selected = list(queryset.values_list("id", "agent_id"))
+    selected = list(rows_locked(queryset, update_only=True).values_list("id", "agent_id"))
     tops = _agent_max_priorities(agent for _, agent in selected)
     rows = [
         Experience(id=pk, priority=tops.get(agent) or INITIAL_MAX_PRIORITY, revision=revision)
@@ -241,7 +242,9 @@ def experience_recompute_priority(*, queryset: QuerySet[Experience]) -> int:
     revision = revision_take(name=REVISION)
     rows = [
         Experience(id=pk, priority=priority_from_td_error(td), revision=revision)
-        for pk, td in queryset.exclude(td_error=None).values_list("id", "td_error")
+        for pk, td in rows_locked(queryset.exclude(td_error=None), update_only=True).values_list(
+            "id", "td_error"
+        )
         if td is not None
     ]
     Experience.objects.bulk_update(rows, ["priority", "revision"], batch_size=1000)
@@ -440,10 +443,14 @@ def experience_mark_sampled(*, pks: Sequence[int], at: datetime | None = None) -
     """Count each draw (with replacement, an item drawn twice counts twice). Sampling does not
     read these fields, so no revision is taken."""
     at = at or timezone.now()
+    counts = Counter(pks)
     by_count: dict[int, list[int]] = {}
-    for pk, count in Counter(pks).items():
+    for pk, count in counts.items():
         by_count.setdefault(count, []).append(pk)
     with transaction.atomic():
+        # Each UPDATE would lock its rows in its own scan's order, count by count: all of them
+        # first, in the order every other writer of experience rows takes.
+        list(rows_locked(Experience.objects.filter(id__in=counts), update_only=True))
         for count, group in by_count.items():
             Experience.objects.filter(id__in=group).update(
                 times_sampled=F("times_sampled") + count, last_sampled_at=at

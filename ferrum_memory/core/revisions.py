@@ -41,6 +41,24 @@ def revision_lock(*, name: str) -> None:
         list(locked)
 
 
+def rows_locked(queryset: QuerySet[Any], *, update_only: bool = False) -> QuerySet[Any]:
+    """`queryset`'s rows, locked for the rest of the transaction in primary-key order as the
+    query is read. A transaction that writes rows another may write at the same time locks
+    them this way first: an UPDATE or DELETE of many rows locks them in the order its plan
+    scans them (or, in several statements, statement by statement), two such orders deadlock,
+    and PostgreSQL aborts one of the two. Locks taken in one order never wait in a cycle.
+
+    `update_only` (FOR NO KEY UPDATE, the lock an UPDATE takes) for rows that stay: it lets
+    inserts of rows that refer to them go on. The queryset may join, slice or be DISTINCT
+    (an admin's selection): its rows are locked through a subquery of their keys."""
+    model = queryset.model
+    return (
+        model._default_manager.filter(pk__in=queryset.values("pk"))
+        .select_for_update(no_key=update_only)
+        .order_by("pk")
+    )
+
+
 def revision_state(*, name: str) -> tuple[int, int]:
     """(current revision, purged_through) of counter `name`; (0, 0) before its first write.
 
@@ -86,7 +104,7 @@ def revision_delete(
     `tombstone`'s counter, leaving a tombstone per row so every derived index drops it.
     `record`, given the rows, writes what else the delete means (history) in its transaction."""
     revision = revision_take(name=tombstone.revision_counter)
-    doomed = list(queryset.values_list("pk", "agent_id"))
+    doomed = list(rows_locked(queryset).values_list("pk", "agent_id"))
     if record is not None and doomed:
         record(doomed)
     key = tombstone._meta.pk.attname

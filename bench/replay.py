@@ -30,6 +30,7 @@ import tempfile
 import time
 import uuid
 from collections.abc import Callable, Iterator, Sequence
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -696,6 +697,21 @@ def part_scale(args: argparse.Namespace) -> None:
     picks = rng.integers(0, n, size=(60, args.batch))
     times = {"created": np.full(args.batch, time.time()), "expires": np.full(args.batch, np.inf)}
     update = median_ms(lambda i: tree.upsert(keys[picks[i]], rng.random(args.batch), **times), 50)
+    # Recency: the first draw at a half-life weights every item (O(N)), the second builds the
+    # buffer's recency tree, later ones draw from it. Each new half-life below is one not
+    # asked before.
+    recency = partial(
+        index._draw, ALL_AGENTS, tree, strategy="recency", rng=rng, exponent=1.0, stratified=False
+    )
+    fresh = iter(3600.0 + np.arange(1, 1000))
+    weighed = median_ms(lambda _: recency(args.batch, half_life=next(fresh)), 20)
+    before = _rss_mb()
+    start = time.perf_counter()
+    recency(args.batch, half_life=3600.0)
+    recency(args.batch, half_life=3600.0)
+    recency_built = time.perf_counter() - start
+    recency_held = _rss_mb() - before
+    from_tree = median_ms(lambda _: recency(args.batch, half_life=3600.0), 50)
     print(f"\n## scale: the replay index at {n:,} rows of {len(AGENTS)} agents, load {_load()}\n")
     _print_table(
         ("measurement", "figure"),
@@ -706,6 +722,12 @@ def part_scale(args: argparse.Namespace) -> None:
             ("process resident memory", f"{_rss_mb():,.0f} MB"),
             (f"sample {args.batch} (all agents), median", f"{sample:.3f} ms"),
             (f"update {args.batch} priorities (all agents), median", f"{update:.3f} ms"),
+            (f"recency sample {args.batch}, weighing every item, median", f"{weighed:.3f} ms"),
+            (
+                "recency tree built (a first draw and the one that builds it)",
+                f"{recency_built * 1e3:.0f} ms, {recency_held:,.0f} MB",
+            ),
+            (f"recency sample {args.batch} from its tree, median", f"{from_tree:.3f} ms"),
         ],
     )
 

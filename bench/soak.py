@@ -715,6 +715,11 @@ def soak(config: str, args: argparse.Namespace) -> bool:
                         )
                         + "\n"
                     )
+        if args.keep_logs:  # the service has stopped: its logs are complete
+            kept = Path(args.keep_logs)
+            kept.mkdir(parents=True, exist_ok=True)
+            for log in sorted(folder.glob("*.log")):
+                shutil.copy(log, kept / f"{config}-{log.name}")
     return all(ok for *_, ok in checks)
 
 
@@ -871,6 +876,12 @@ def main(argv: list[str] | None = None) -> None:
         "--redis-url", default="redis://127.0.0.1:6379/3", help="a Redis database of its own"
     )
     parser.add_argument("--json", help="append each config's samples to this file (JSON lines)")
+    parser.add_argument(
+        "--keep-logs",
+        metavar="DIR",
+        help="copy the service's logs (web, worker, beat, index servers) to DIR at the end: "
+        "the run's folder goes, and a 5xx's cause is in them",
+    )
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
     if args.bounded and args.clients > len(AGENTS):

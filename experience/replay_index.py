@@ -93,6 +93,42 @@ def _columns(
     return pks, codes, priorities, created, expires
 
 
+# A recency tree's weights are 2 ** ((created - reference) / half_life): an item newer than the
+# reference by this many half-lives makes the tree start again from a new reference, long
+# before a weight could overflow (2 ** 1024); the oldest items underflow to 0 (never drawn)
+# where the O(N) draw would give them a probability below 2 ** -(1074 - 64) anyway.
+REBASE_HALF_LIVES = 64
+RECENCY_TREES = 2  # half-lives kept per buffer, the least recently asked dropped first
+
+
+class RecencyTree:
+    """One buffer's recency weights 0.5 ** (age / half_life) in a sum tree of their own, so a
+    recency draw is O(batch log N) as a prioritized one is, where weighting every item on
+    each draw took 20 ms at 10^6 items (0.14 ms from the tree). The weights' ratios do not
+    change as time passes, so the tree holds them relative to a fixed reference time, and
+    follows the buffer's inserts and removals. A draw's probabilities equal the O(N) draw's
+    up to rounding."""
+
+    def __init__(self, keys: Int64Array, created: Float64Array, half_life: float) -> None:
+        self.half_life = half_life
+        self.reference = float(created.max())
+        self.tree = PriorityIndex(capacity=keys.shape[0])
+        self.tree.build(keys, self._weights(created))
+
+    def _weights(self, created: Float64Array) -> Float64Array:
+        return np.exp2((created - self.reference) / self.half_life)
+
+    def holds(self, created: Float64Array) -> bool:
+        """Whether items created at `created` fit this tree's reference."""
+        return float(created.max()) - self.reference <= REBASE_HALF_LIVES * self.half_life
+
+    def upsert(self, keys: Int64Array, created: Float64Array) -> None:
+        self.tree.upsert(keys, self._weights(created))
+
+    def remove(self, keys: Int64Array | list[int]) -> None:
+        self.tree.remove(keys)
+
+
 class ReplayIndex:
     def __init__(self) -> None:
         self._lock = threading.Lock()
@@ -100,6 +136,9 @@ class ReplayIndex:
 
     def _forget(self) -> None:
         self._buffers: dict[str, PriorityIndex] = {}
+        # {buffer: {half_life: its tree}}, built the second time a half-life is asked: a
+        # client that changes it on every draw would pay a build (3x a draw) for nothing.
+        self._recency: dict[str, dict[float, RecencyTree | None]] = {}
         self._next_expiry: dict[str, float] = {}
         # The agents' trees share one key -> slot table (a key is one agent's for good): one
         # table over the key range, not one per agent (at 10 agents, 60 bytes a row).
@@ -145,11 +184,18 @@ class ReplayIndex:
         for pk, agent in gone:
             by_agent.setdefault(agent, []).append(pk)
         for agent, pks in by_agent.items():
-            for name in (agent, ALL_AGENTS):
-                if name in self._buffers:
-                    self._buffers[name].remove(pks)
+            self._remove(agent, pks)
         if changed:
             self._upsert(changed, rebuild=False)
+
+    def _remove(self, agent: str, keys: list[int]) -> None:
+        """Remove an agent's keys from its trees and the trees over every agent."""
+        for name in dict.fromkeys((agent, ALL_AGENTS)):
+            if name in self._buffers:
+                self._buffers[name].remove(keys)
+                for tree in self._recency.get(name, {}).values():
+                    if tree is not None:
+                        tree.remove(keys)
 
     def _build(self, rows: Iterable[tuple]) -> None:
         """Build every tree from rows streamed in chunks: at 10^7 rows a list of row tuples took
@@ -192,6 +238,12 @@ class ReplayIndex:
                 buffer = self._buffers[name] = PriorityIndex(payload=PAYLOAD, slot_map=shared)
             load = buffer.build if rebuild else buffer.upsert
             load(pks[at], priorities[at], created=created[at], expires=expires[at])
+            trees = self._recency.get(name, {})
+            for half_life, tree in trees.items():
+                if tree is not None and tree.holds(created[at]):
+                    tree.upsert(pks[at], created[at])
+                elif tree is not None:
+                    trees[half_life] = None  # rebuilt, from a new reference, on its next draw
             soonest = float(expires[at].min())
             self._next_expiry[name] = min(self._next_expiry.get(name, FOREVER), soonest)
 
@@ -202,7 +254,11 @@ class ReplayIndex:
         buffer = self._buffers[name]
         keys, _ = buffer.items()
         expires = buffer.payload("expires")
-        buffer.remove(keys[expires <= now])
+        expired = keys[expires <= now]
+        buffer.remove(expired)
+        for tree in self._recency.get(name, {}).values():
+            if tree is not None:
+                tree.remove(expired)
         remaining = expires[expires > now]
         self._next_expiry[name] = float(remaining.min()) if remaining.size else FOREVER
 
@@ -251,6 +307,7 @@ class ReplayIndex:
             assert buffer is not None
             draw = partial(
                 self._draw,
+                name,
                 buffer,
                 strategy=strategy,
                 rng=rng,
@@ -270,6 +327,7 @@ class ReplayIndex:
 
     def _draw(
         self,
+        name: str,
         buffer: PriorityIndex,
         batch_size: int,
         *,
@@ -288,12 +346,34 @@ class ReplayIndex:
             return keys, probabilities, 1.0 / len(buffer)
         if strategy != "recency":
             raise ValueError(f"unknown replay strategy {strategy!r}")
+        tree = self._recency_tree(name, buffer, half_life)
+        if tree is not None:
+            keys, probabilities = tree.tree.sample(batch_size, rng)
+            return keys, probabilities, tree.tree.min_probability()
         all_keys, _ = buffer.items()
         created = buffer.payload("created")
         # 0.5 ** (age / half_life), relative to the newest item to stay in range.
         weights = np.exp2((created - created.max()) / half_life)
         keys, probabilities = sample_weights(batch_size, rng, all_keys, weights)
         return keys, probabilities, float(weights[weights > 0].min() / weights.sum())
+
+    def _recency_tree(
+        self, name: str, buffer: PriorityIndex, half_life: float
+    ) -> RecencyTree | None:
+        """The buffer's tree for `half_life`, built if this half-life was asked before; None
+        the first time (that draw weights every item)."""
+        trees = self._recency.setdefault(name, {})
+        if half_life not in trees:
+            trees[half_life] = None
+            while len(trees) > RECENCY_TREES:
+                del trees[next(iter(trees))]
+            return None
+        tree = trees.pop(half_life)  # put back last: the most recently asked
+        if tree is None or not tree.tree.total() > 0:
+            keys, _ = buffer.items()
+            tree = RecencyTree(keys, buffer.payload("created"), half_life)
+        trees[half_life] = tree
+        return tree
 
     def _sample_capped(
         self,
@@ -337,9 +417,7 @@ class ReplayIndex:
                 kept.append((keys[:cut], p, importance_weights(p, size, beta, min_p)))
             if gone is not None:
                 retired.append(gone)
-                for tree in (name, ALL_AGENTS):
-                    if tree in self._buffers:
-                        self._buffers[tree].remove([gone])
+                self._remove(name, [gone])
             need -= cut
         if not kept:
             raise BufferTooSmall(0)

@@ -11,11 +11,14 @@ import pytest
 from django.conf import settings
 from django.utils import timezone
 
+from experience import replay_index
 from experience.models import Experience
+from experience.replay_index import ALL_AGENTS, get_replay_index
 from experience.selectors import replay_sample
 from experience.services import (
     experience_create_many,
     experience_curate,
+    experience_delete_many,
     experience_td_error_update,
     priority_from_td_error,
 )
@@ -138,6 +141,62 @@ def test_recency_halves_the_weight_every_half_life():
     assert_follows(keys, expected, probability)
 
 
+def _recency_tree(half_life: float):
+    # The index's own state, read to know which path a draw took: the tree's draws must follow
+    # the rows exactly as the O(N) draw's do, and only a draw from the tree shows that.
+    return get_replay_index()._recency[ALL_AGENTS].get(half_life)
+
+
+def _store_aged(name: str, age: float, now) -> None:
+    experience_create_many(
+        items=[{**experience_json(), "experience_id": name}], now=now - timedelta(seconds=age)
+    )
+
+
+def _expected_recency(half_life: float, now) -> dict[int, float]:
+    rows = Experience.objects.values_list("id", "created_at")
+    return normalised({pk: 0.5 ** ((now - at).total_seconds() / half_life) for pk, at in rows})
+
+
+def test_recency_draws_from_its_tree_follow_inserts_deletes_and_td_updates():
+    now = timezone.now()
+    half_life = 600.0
+    for age in (300, 600, 1200, 2400):
+        _store_aged(f"age-{age}", age, now)
+    replay_sample(
+        strategy="recency", batch_size=8, half_life=half_life, alpha=1.0, beta=0.4, seed=0
+    )
+    assert _recency_tree(half_life) is None  # the first draw at a half-life weights every item
+    draw("recency", half_life=half_life)
+    assert _recency_tree(half_life) is not None
+
+    _store_aged("newest", 0, now)
+    _store_aged("middle", 900, now)
+    experience_delete_many(queryset=Experience.objects.filter(experience_id="age-600"))
+    experience_td_error_update(updates=[("age-1200", 5.0), ("newest", 0.0)])
+    keys, probability, _ = draw("recency", half_life=half_life)
+    assert _recency_tree(half_life) is not None
+    assert_follows(keys, _expected_recency(half_life, now), probability)
+
+
+def test_recency_tree_starts_again_from_a_new_reference(monkeypatch):
+    """Weights are held relative to the newest item when the tree was built; an item far
+    newer than that (REBASE_HALF_LIVES) rebuilds it before a weight could overflow."""
+    monkeypatch.setattr(replay_index, "REBASE_HALF_LIVES", 2)
+    now = timezone.now()
+    half_life = 10.0
+    for age in (30, 40, 50):
+        _store_aged(f"age-{age}", age, now)
+    draw("recency", half_life=half_life)
+    first = _recency_tree(half_life)
+    _store_aged("now", 0, now)  # 3 half-lives past the tree's reference
+    get_replay_index().catch_up()
+    assert _recency_tree(half_life) is None
+    keys, probability, _ = draw("recency", half_life=half_life)
+    assert _recency_tree(half_life) not in (None, first)
+    assert_follows(keys, _expected_recency(half_life, now), probability)
+
+
 def test_uniform_gives_every_item_the_same_chance():
     rows = [store(td_error=td) for td in (0.01, 1.0, 9.0, 0.5)]
     keys, probability, weight = draw("uniform")
@@ -170,16 +229,17 @@ def test_stratified_draws_keep_the_distribution():
         assert abs(counts[row.pk] - 3000 * expected[row.pk]) <= 1
 
 
-def test_expired_items_are_never_sampled_and_the_purge_deletes_them():
+@pytest.mark.parametrize("strategy", ["prioritized", "recency"])  # recency: its own trees
+def test_expired_items_are_never_sampled_and_the_purge_deletes_them(strategy):
     live = store(td_error=1.0)
     # Expires 3 seconds from now: sampled now, never once that moment has passed.
     expiring = {**experience_json(td_error=50.0, ttl_seconds=60), "experience_id": "soon"}
     experience_create_many(items=[expiring], now=timezone.now() - timedelta(seconds=57))
     expires_at = Experience.objects.get(experience_id="soon").expires_at
     assert expires_at is not None
-    assert len(set(draw()[0].tolist())) == 2
+    assert len(set(draw(strategy)[0].tolist())) == 2
     time.sleep(max(0.0, (expires_at - timezone.now()).total_seconds()) + 0.1)
-    keys, _, _ = draw()
+    keys, _, _ = draw(strategy)
     assert set(keys.tolist()) == {live.pk}
 
     from experience.tasks import purge_expired_experiences

@@ -4,11 +4,9 @@ them deadlock and PostgreSQL aborts one (a 503 to its client; seen once in the s
 writers take the database's lock in turn, so this checks the counts there."""
 
 import random
-import threading
 from collections import Counter
 
 import pytest
-from django.db import connection
 
 from experience.models import Experience
 from experience.services import (
@@ -17,35 +15,11 @@ from experience.services import (
     experience_mark_sampled,
     experience_td_error_update,
 )
+from tests.concurrency import run_together
 from tests.experience.factories import experience_jsons
 
 ROWS = 200
 ROUNDS = 60
-
-
-def _run_together(*bodies) -> None:
-    errors: list[BaseException] = []
-    start = threading.Barrier(len(bodies))
-
-    def guarded(body):
-        def run() -> None:
-            try:
-                start.wait()
-                body()
-            except BaseException as exc:  # noqa: BLE001 - reported by the main thread
-                errors.append(exc)
-            finally:
-                connection.close()
-
-        return run
-
-    threads = [threading.Thread(target=guarded(body)) for body in bodies]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    if errors:
-        raise AssertionError(f"{len(errors)} writer(s) failed: {errors}") from errors[0]
 
 
 @pytest.mark.django_db(transaction=True)
@@ -83,7 +57,7 @@ def test_counting_draws_updating_td_errors_and_deleting_the_same_rows_at_once():
                 queryset=Experience.objects.filter(pk__in=order[start : start + 4])
             )
 
-    _run_together(count_draws, update_td_errors, delete_some)
+    run_together([count_draws, update_td_errors, delete_some])
 
     counts = dict(Experience.objects.values_list("pk", "times_sampled"))
     assert set(counts) == set(kept)

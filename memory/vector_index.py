@@ -30,7 +30,7 @@ from django.conf import settings
 
 from ferrum_memory.core.exceptions import Unavailable
 from ferrum_memory.core.revisions import revision_changes
-from ferrum_memory.core.storage import is_disk_full, require_room
+from ferrum_memory.core.storage import is_disk_full, require_room, write_atomically
 from ferrum_memory.core.telemetry import index_catch_up, traced
 
 from .embeddings import SparseVector, get_embedder
@@ -377,9 +377,7 @@ class EdgeEngine:
 
     def save_state(self, state: dict[str, Any]) -> None:
         self._need_shard().flush()  # the cursor must never run ahead of what is on disk
-        temporary = self._path / "state.json.tmp"
-        temporary.write_text(json.dumps(state))
-        temporary.replace(self._path / "state.json")
+        write_atomically(self._path / "state.json", json.dumps(state))
         self._state = dict(state)
 
     def _close_shard(self) -> None:

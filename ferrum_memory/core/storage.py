@@ -19,6 +19,7 @@ import errno
 import os
 import shutil
 import sqlite3
+import tempfile
 import threading
 from pathlib import Path
 from typing import Any
@@ -29,6 +30,20 @@ PG_DISK_FULL = "53100"
 # catch-up's pages and a SQLite checkpoint take far less; an optimizer's new segment takes
 # about the size of the segments it merges, which this margin covers on small indexes only.
 MIN_FREE_BYTES = 16 * 1024 * 1024
+
+
+def write_atomically(path: Path, text: str) -> None:
+    """Write `path` whole or not at all: a reader (another process too) sees the old file or
+    the new one, never a truncated one, and a kill mid-write leaves the old one. The text goes
+    to a temporary file of its own in the same folder, then replaces `path`."""
+    handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    try:
+        with os.fdopen(handle, "w") as file:
+            file.write(text)
+        os.replace(temporary, path)
+    except BaseException:
+        Path(temporary).unlink(missing_ok=True)
+        raise
 
 
 def require_room(path: Path) -> int:

@@ -3,7 +3,9 @@ each storage's way of saying it, the one 507 the API answers, the throttle and /
 SQLite's WAL files held open."""
 
 import errno
+import json
 import sqlite3
+import threading
 import types
 from pathlib import Path
 
@@ -171,3 +173,28 @@ def test_a_service_process_holds_its_sqlite_files_from_its_start(tmp_path, monke
     finally:
         connection_created.disconnect(dispatch_uid="ferrum-hold-wal-files")
         storage._held.pop(str(path)).close()
+
+
+def test_a_reader_never_sees_a_file_half_written(tmp_path):
+    """Every process loading the embedding model writes the small JSON files of its folder; one
+    that read them while another rewrote them found one empty (a 500 in the crash test)."""
+    path = tmp_path / "config.json"
+    versions = [json.dumps({"version": n, "padding": "x" * 50_000}) for n in range(2)]
+    storage.write_atomically(path, versions[0])
+    stop = threading.Event()
+
+    def rewrite() -> None:
+        n = 0
+        while not stop.is_set():
+            n += 1
+            storage.write_atomically(path, versions[n % 2])
+
+    writer = threading.Thread(target=rewrite)
+    writer.start()
+    try:
+        seen = {path.read_text() for _ in range(3_000)}
+    finally:
+        stop.set()
+        writer.join()
+    assert seen <= set(versions)
+    assert [p.name for p in tmp_path.iterdir()] == ["config.json"]  # no temporary file left

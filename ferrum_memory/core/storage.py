@@ -40,6 +40,7 @@ def write_atomically(path: Path, text: str) -> None:
     try:
         with os.fdopen(handle, "w") as file:
             file.write(text)
+        os.chmod(temporary, 0o644)  # as a file written in place would be (mkstemp's is 0600)
         os.replace(temporary, path)
     except BaseException:
         Path(temporary).unlink(missing_ok=True)

@@ -192,10 +192,14 @@ class ReplayIndex:
         """Remove an agent's keys from its trees and the trees over every agent."""
         for name in dict.fromkeys((agent, ALL_AGENTS)):
             if name in self._buffers:
-                self._buffers[name].remove(keys)
-                for tree in self._recency.get(name, {}).values():
-                    if tree is not None:
-                        tree.remove(keys)
+                self._remove_from(name, keys)
+
+    def _remove_from(self, name: str, keys: Int64Array | list[int]) -> None:
+        """Remove keys from one buffer and its recency trees."""
+        self._buffers[name].remove(keys)
+        for tree in self._recency.get(name, {}).values():
+            if tree is not None:
+                tree.remove(keys)
 
     def _build(self, rows: Iterable[tuple]) -> None:
         """Build every tree from rows streamed in chunks: at 10^7 rows a list of row tuples took
@@ -254,11 +258,7 @@ class ReplayIndex:
         buffer = self._buffers[name]
         keys, _ = buffer.items()
         expires = buffer.payload("expires")
-        expired = keys[expires <= now]
-        buffer.remove(expired)
-        for tree in self._recency.get(name, {}).values():
-            if tree is not None:
-                tree.remove(expired)
+        self._remove_from(name, keys[expires <= now])
         remaining = expires[expires > now]
         self._next_expiry[name] = float(remaining.min()) if remaining.size else FOREVER
 

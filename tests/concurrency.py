@@ -49,11 +49,3 @@ def run_together(
     if errors:
         # Chained, so the report shows where the first failure was raised, not only its message.
         raise AssertionError(f"{len(errors)} thread(s) failed: {errors}") from errors[0]
-
-
-def run_writers_against_reader(
-    writers: list[Callable[[], None]], catch_up: Callable[[], None]
-) -> None:
-    """Run each writer in its own thread while another thread calls `catch_up` in a loop until
-    they are done (index tests)."""
-    run_together(writers, until_done=catch_up)

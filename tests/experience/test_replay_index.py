@@ -14,7 +14,7 @@ from experience.services import (
     experience_purge_expired,
     experience_td_error_update,
 )
-from tests.concurrency import run_writers_against_reader
+from tests.concurrency import run_together
 from tests.experience.factories import experience_json, experience_jsons, store
 
 
@@ -60,7 +60,7 @@ def test_concurrent_writers_never_lose_a_committed_write(max_size):
                     mine.append(payload["experience_id"])
                 time.sleep(rng.uniform(0, 0.004))  # commit late, still holding the revision
 
-    run_writers_against_reader([partial(writer, n) for n in range(4)], index.catch_up)
+    run_together([partial(writer, n) for n in range(4)], until_done=index.catch_up)
     index.catch_up()
     assert len(db_priorities()) > (12 if max_size else 40)
     assert index.priorities() == db_priorities()

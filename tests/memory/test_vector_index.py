@@ -10,7 +10,7 @@ from memory import vector_index
 from memory.models import MemoryItem
 from memory.services import memory_delete_many, memory_store_many, reset_model_check
 from memory.vector_index import EdgeEngine, ServerEngine, VectorIndex, get_vector_index
-from tests.concurrency import run_writers_against_reader
+from tests.concurrency import run_together
 
 
 def query_args(query: str, agent: str = "a") -> dict[str, Any]:
@@ -86,7 +86,7 @@ def test_concurrent_writers_never_lose_a_committed_write(settings):
             if step % 3 == 2:
                 memory_delete_many(queryset=MemoryItem.objects.filter(pk=stored[0].item.pk))
 
-    run_writers_against_reader([partial(writer, n) for n in range(3)], index.catch_up)
+    run_together([partial(writer, n) for n in range(3)], until_done=index.catch_up)
     index.catch_up()
     assert indexed_ids(index, "a") == db_ids("a")
     assert len(db_ids("a")) == 12

@@ -176,3 +176,29 @@ def test_the_context_reads_the_whole_pool_not_only_the_hits_asked_for(settings, 
     assert [(h.item.pk, h.score) for h in hits] == [
         (pk, pytest.approx(score)) for pk, score in expected[:1]
     ]
+
+
+def test_the_pools_places_are_read_from_an_index_not_from_the_rows():
+    """session_places reads about 100 items per search: each row's session and position sit
+    behind its embedding (in SQLite, on an overflow page), so the look-up must be answered by
+    the memory_places index alone."""
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    from memory.selectors import session_places
+
+    memory_store_many(items=[{"agent_id": "a", "session_id": "talk", "content": c} for c in TALK])
+    pks = list(MemoryItem.objects.values_list("pk", flat=True))
+    with CaptureQueriesContext(connection) as captured:
+        assert len(session_places(pks)) == len(TALK)
+    (query,) = captured.captured_queries
+    with connection.cursor() as cursor:
+        if connection.vendor == "sqlite":
+            cursor.execute(f"EXPLAIN QUERY PLAN {query['sql']}")
+            plan = " ".join(str(row[-1]) for row in cursor.fetchall())
+            assert "USING COVERING INDEX memory_places" in plan
+        else:  # a table this small is read whole unless told otherwise
+            cursor.execute("SET LOCAL enable_seqscan = off")
+            cursor.execute(f"EXPLAIN {query['sql']}")
+            plan = " ".join(row[0] for row in cursor.fetchall())
+            assert "Index Only Scan using memory_places" in plan

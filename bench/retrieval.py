@@ -103,6 +103,8 @@ def cache_embeddings(path: Path) -> None:
     def key(self: Embedder, kind: str, text: str) -> bytes:
         # A model read from FASTEMBED_MODEL_PATH is another model under the same name.
         model = f"{self.model_name}\0{self._model_path}" if self._model_path else self.model_name
+        if kind == "query" and self.int8_queries:
+            model += "\0int8 queries"  # another model for queries (Embedder.embed_query)
         return hashlib.sha256(f"{model}\0{kind}\0{text}".encode()).digest()
 
     def cached_documents(self: Embedder, texts: list[str]) -> Any:

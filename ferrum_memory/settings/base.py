@@ -205,6 +205,8 @@ FASTEMBED_MODEL = env.str("FASTEMBED_MODEL", default="sentence-transformers/all-
 # fastembed's cache for another model (nothing is downloaded at run time).
 FASTEMBED_MODEL_PATH = env.str("FASTEMBED_MODEL_PATH", default="")
 FASTEMBED_THREADS = env.int("FASTEMBED_THREADS", default=1)
+# Queries of the default model embedded with int8 matrix products (memory.embeddings).
+FASTEMBED_QUERY_INT8 = env.bool("FASTEMBED_QUERY_INT8", default=True)
 # A fastembed cross-encoder for ?rerank=true (and a local folder for it); empty: rerank is off.
 FASTEMBED_RERANK_MODEL = env.str("FASTEMBED_RERANK_MODEL", default="")
 FASTEMBED_RERANK_MODEL_PATH = env.str("FASTEMBED_RERANK_MODEL_PATH", default="")

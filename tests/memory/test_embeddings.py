@@ -42,7 +42,45 @@ def test_the_dense_model_loads_on_first_use_and_the_default_width_is_its_own():
     assert embedder.sparse_document("the harbour at dawn").indices
     assert embedder.dim == DEFAULT_DIM and embedder._dense_model is None
     assert embedder.embed_query("the harbour at dawn").shape == (DEFAULT_DIM,)
+    # A search needs the query model only; a store loads the documents' model.
+    assert embedder._query_model is not None and embedder._dense_model is None
+    embedder.embed_documents(["the harbour at dawn"])
     assert embedder._dense_model is not None
+
+
+def test_queries_are_embedded_in_int8_close_to_the_vector_the_same_text_gets_as_a_document(
+    settings,
+):
+    """The default model embeds queries with int8 matrix products: each vector is at cosine
+    0.98 or more to the float32 one documents get, and not equal to it (it is the int8 model);
+    with FASTEMBED_QUERY_INT8 off, queries get exactly the documents' vectors."""
+    import onnx
+
+    texts = [
+        "Caroline went to the LGBTQ support group on 7 May 2023.",
+        "What did Melanie paint for the art show?",
+        "hi",
+        "The deploy key for the staging server was rotated after the incident last week, "
+        "and the new one lives in the team's vault under infrastructure secrets.",
+    ]
+    embedder = Embedder(DEFAULT_MODEL)
+    assert embedder.int8_queries
+    documents = embedder.embed_documents(texts)
+    queries = np.stack([embedder.embed_query(text) for text in texts])
+    cosines = (documents * queries).sum(axis=1)
+    assert cosines.min() > 0.98 and cosines.max() < 0.9999
+
+    model = onnx.load(settings.DATA_DIR / "models" / "minilm-l6-v2-int8-matmuls.onnx")
+    ops = [node.op_type for node in model.graph.node]
+    # Six layers of six products by a weight (query, key, value, output, two feed-forward).
+    assert ops.count("MatMulInteger") == 36
+
+    settings.FASTEMBED_QUERY_INT8 = False
+    plain = Embedder(DEFAULT_MODEL)
+    assert not plain.int8_queries
+    np.testing.assert_allclose(
+        np.stack([plain.embed_query(text) for text in texts]), documents, atol=1e-5
+    )
 
 
 def test_document_batches_hold_texts_of_like_length_within_the_token_budget():

@@ -8,10 +8,12 @@ fastembed reads a model folder; we assemble one under the data folder from those
 import contextlib
 import importlib.util
 import json
+import logging
 import os
 import re
 import tempfile
 import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -52,7 +54,13 @@ CHARS_PER_TOKEN = 4
 SENTENCE_END = re.compile(r"(?<=[.!?])\s+(?=[A-Z0-9\"'(\[])")
 MAX_SENTENCES = 32
 
+# How long a process embeds queries by the documents' model after the int8 one could not be
+# made, before it tries again.
+QUERY_MODEL_RETRY_SECONDS = 60.0
+
 FloatMatrix = npt.NDArray[np.float32]
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -170,6 +178,7 @@ class Embedder:
         self._bm25 = Bm25(Bm25Config())
         self._dense_model: Any = None
         self._query_model: Any = None
+        self._query_retry_at = 0.0
         self._dense_lock = threading.Lock()
         # The default model embeds queries with int8 matrix products (embed_query).
         self.int8_queries = settings.FASTEMBED_QUERY_INT8 and (model_name, model_path) == (
@@ -197,12 +206,24 @@ class Embedder:
 
     @property
     def _query(self) -> Any:
-        if not self.int8_queries:
-            return self._dense
-        with self._dense_lock:
-            if self._query_model is None:
-                self._query_model = self._load(str(_minilm_query_dir(settings.DATA_DIR / "models")))
-            return self._query_model
+        """The model for queries: the int8 one with int8_queries, else, or while it cannot be
+        made (a full or read-only data folder: searches go on), the documents' own."""
+        if self.int8_queries:
+            with self._dense_lock:
+                if self._query_model is None and time.monotonic() >= self._query_retry_at:
+                    try:
+                        folder = _minilm_query_dir(settings.DATA_DIR / "models")
+                        self._query_model = self._load(str(folder))
+                    except Exception:  # noqa: BLE001 - only slower without it
+                        logger.warning(
+                            "the int8 query model could not be made: queries are embedded by "
+                            "the documents' model for now",
+                            exc_info=True,
+                        )
+                        self._query_retry_at = time.monotonic() + QUERY_MODEL_RETRY_SECONDS
+                if self._query_model is not None:
+                    return self._query_model
+        return self._dense
 
     def _load(self, path: str) -> Any:
         os.environ.setdefault("HF_HUB_OFFLINE", "1")  # never reach for a hub at run time

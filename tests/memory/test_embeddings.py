@@ -124,3 +124,31 @@ def test_embedding_long_documents_leaves_the_process_about_the_size_it_was():
     embedder.embed_documents(abstracts[:DOCUMENT_BATCH])
 
     assert _anonymous_mb() - before < 150
+
+
+def test_queries_fall_back_to_the_documents_model_while_the_int8_one_cannot_be_made(
+    settings, monkeypatch
+):
+    """A full data folder must not stop searches (tests/faults/test_disk_full.py fills a real
+    one); here the derivation fails on demand, to see the fallback and the retry after it."""
+    import errno
+
+    from memory import embeddings
+
+    settings.DATA_DIR = settings.DATA_DIR / "fresh"  # no int8 model made yet
+    clock = [1000.0]
+    monkeypatch.setattr(embeddings.time, "monotonic", lambda: clock[0])
+
+    def disk_full(source, target):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(embeddings, "_with_int8_matmuls", disk_full)
+    embedder = Embedder(DEFAULT_MODEL)
+    text = "Where did Caroline move from four years ago?"
+    document = embedder.embed_documents([text])[0]
+    np.testing.assert_allclose(embedder.embed_query(text), document, atol=1e-5)
+    monkeypatch.undo()
+    monkeypatch.setattr(embeddings.time, "monotonic", lambda: clock[0])
+    np.testing.assert_allclose(embedder.embed_query(text), document, atol=1e-5)  # not yet
+    clock[0] += embeddings.QUERY_MODEL_RETRY_SECONDS
+    assert 0.98 < float(embedder.embed_query(text) @ document) < 0.9999

@@ -214,7 +214,7 @@ class Embedder:
                     try:
                         folder = _minilm_query_dir(settings.DATA_DIR / "models")
                         self._query_model = self._load(str(folder))
-                    except Exception:  # noqa: BLE001 - only slower without it
+                    except Exception:  # searches only go slower without it
                         logger.warning(
                             "the int8 query model could not be made: queries are embedded by "
                             "the documents' model for now",

@@ -556,14 +556,7 @@ def part_servers(args: argparse.Namespace) -> None:
                         memory_search(query=query, agent_id=READER)
                         middle = time.perf_counter()
                         flt = vector_index.SearchFilter(agent_id=READER, now=time.time())
-                        index.search(
-                            mode="hybrid",
-                            dense=dense,
-                            sparse=sparse,
-                            flt=flt,
-                            limit=10,
-                            whole_pool=True,
-                        )
+                        index.search(mode="hybrid", dense=dense, sparse=sparse, flt=flt, limit=10)
                         end = time.perf_counter()
                         times.setdefault((name, "memory_search"), []).append(1e3 * (middle - begin))
                         times.setdefault((name, "index call"), []).append(1e3 * (end - middle))

@@ -80,10 +80,6 @@ class MemoryItem(models.Model):
             models.Index(
                 fields=["agent_id", "session_id", "position"], name="memory_session_position"
             ),
-            # Covers hybrid search's look-up of its pool's places (selectors.session_places):
-            # in SQLite the columns sit behind the embedding in each row, on an overflow page.
-            # Measured at 10^5 items, 100 ids: 5.1-6.5 ms p50 without it, 1.1 ms with it.
-            models.Index(fields=["id", "kind", "session_id", "position"], name="memory_places"),
         ]
         constraints = [
             models.CheckConstraint(

@@ -8,7 +8,6 @@ from typing import Any
 from uuid import UUID
 
 import numpy as np
-from django.conf import settings
 from django.db import connection
 from django.db.models import BooleanField, Count, Q, QuerySet
 from django.db.models.expressions import RawSQL
@@ -114,66 +113,6 @@ def term_share(embedder: Embedder, query_terms: set[int], content: str) -> float
     return len(query_terms & set(embedder.sparse_document(content).indices)) / len(query_terms)
 
 
-# Neighbour context (hybrid search): a turn of a conversation is often found through the turns
-# around it (the question names what the previous turn said, the answer is in the next). Each
-# episodic hit with a session and a position gains MEMORY_NEIGHBOUR_WEIGHT (a setting, 0.3) times
-# how far the better of its two adjacent items (same session, position one before or after)
-# scores above the lowest fused score of the pool, plus half the same for the better of the two
-# items two places away. The pool is every candidate the hybrid search pooled (each mode's top
-# PREFETCH), which the index hands back whole for this. An item outside the pool adds nothing,
-# so other items (no session, or not episodic) rank as fused. Measured by bench/levers.py on
-# LoCoMo (turn R@10 / strict / session R@10): none 0.751 / 0.676 / 0.945; adjacent items among
-# the pool's top 50 only (the first version) 0.773 / 0.703 / 0.938; over the whole pool 0.787 /
-# 0.718 / 0.939; with the items two away at half the weight 0.798 / 0.731 / 0.937. SciFact is
-# unchanged (no sessions). 0.3 is the best of 0.2 to 0.5.
-
-
-def session_places(point_ids: Sequence[Any]) -> dict[Any, tuple[str, int]]:
-    """(session, position) of those of the items that are episodic (a conversation's turns) and
-    have both. A consolidation's items (summary, facts, decisions) are no conversation: with
-    the context, a session's facts crowded each other into the top 10 and cost the
-    consolidation bench 3 points of session recall@10 (0.866 -> 0.837)."""
-    rows = (
-        MemoryItem.objects.filter(
-            pk__in=point_ids, position__isnull=False, kind=MemoryItem.Kind.EPISODIC
-        )
-        .exclude(session_id="")
-        .values_list("pk", "session_id", "position")
-    )
-    return {pk: (session, position) for pk, session, position in rows if position is not None}
-
-
-def neighbour_context(
-    hits: Sequence[tuple[Any, float]], places: dict[Any, tuple[str, int]], weight: float
-) -> list[tuple[Any, float]]:
-    """`hits` (point id, fused score) re-scored by their adjacent items' scores, best first;
-    `places` holds each hit's (session, position) when it has both."""
-    if not hits:
-        return []
-    floor = min(score for _, score in hits)
-    score_at = {places[pk]: score for pk, score in hits if pk in places}
-
-    def best_at(session: str, position: int, distance: int) -> float:
-        """How far the better of the items `distance` places before and after scores above
-        the floor (0 when neither is in the pool)."""
-        return (
-            max(
-                score_at.get((session, position - distance), floor),
-                score_at.get((session, position + distance), floor),
-            )
-            - floor
-        )
-
-    rescored = []
-    for pk, score in hits:
-        if pk in places:
-            session, position = places[pk]
-            score += weight * (best_at(session, position, 1) + best_at(session, position, 2) / 2)
-        rescored.append((pk, score))
-    # Stable: hits that gain nothing keep the fused order among themselves.
-    return sorted(rescored, key=lambda hit: hit[1], reverse=True)
-
-
 @dataclass(frozen=True)
 class MemoryHit:
     item: MemoryItem
@@ -230,14 +169,9 @@ def memory_search(
     # Embedded in every mode: the cosine is half of every hit's relevance.
     dense = embedder.embed_query(query)
     sparse = embedder.sparse_query(query)
-    neighbour_weight = settings.MEMORY_NEIGHBOUR_WEIGHT
-    context = mode == "hybrid" and neighbour_weight > 0
     hits = get_vector_index().search(
-        mode=mode, dense=dense.tolist(), sparse=sparse, flt=flt, limit=pool, whole_pool=context
+        mode=mode, dense=dense.tolist(), sparse=sparse, flt=flt, limit=pool
     )
-    if context:
-        places = session_places([pk for pk, _ in hits])
-        hits = neighbour_context(hits, places, neighbour_weight)[:pool]
     # By primary key only: with an agent filter SQLite picks the agent index and reads every
     # row the agent has. The index already filtered agent and expiry; the DB has the last word.
     rows = MemoryItem.objects.defer("sentence_embeddings").in_bulk([pk for pk, _ in hits])

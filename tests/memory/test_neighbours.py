@@ -2,13 +2,15 @@
 
 import importlib
 import uuid
+from dataclasses import replace
 
 import pytest
 from django.apps import apps
 
 from memory.models import MemoryItem
-from memory.selectors import memory_search, neighbour_context
+from memory.selectors import memory_search
 from memory.services import memory_store_many
+from memory.vector_index import neighbour_context
 
 pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("vector_engine")]
 
@@ -142,13 +144,20 @@ def test_a_consolidations_items_get_no_context(settings):
     assert ranked(query, settings, default) == ranked(query, settings, 0.0)
 
 
+def db_places():
+    """(session, position) of each conversation's turn, as the DB has them."""
+    rows = MemoryItem.objects.filter(kind=MemoryItem.Kind.EPISODIC, position__isnull=False)
+    rows = rows.exclude(session_id="").values_list("pk", "session_id", "position")
+    return {pk: (session, position) for pk, session, position in rows}
+
+
 def test_the_context_reads_the_whole_pool_not_only_the_hits_asked_for(settings, monkeypatch):
     """A hit's neighbour counts wherever it ranks in the pool: asked for the top 1, the search
     still scores the question through the answer below it, against the pool's lowest score.
-    The pool stays each mode's top PREFETCH (here 6 of 13 items), however many are asked for."""
+    The pool stays each mode's top PREFETCH (here 6 of 13 items), however many are asked for,
+    and the places the index reads with it are the DB's."""
     from memory import vector_index
     from memory.embeddings import get_embedder
-    from memory.selectors import session_places
     from memory.vector_index import SearchFilter, get_vector_index
 
     monkeypatch.setattr(vector_index, "PREFETCH", 6)
@@ -156,6 +165,8 @@ def test_the_context_reads_the_whole_pool_not_only_the_hits_asked_for(settings, 
     memory_store_many(items=[{"agent_id": "a", "session_id": "talk", "content": c} for c in TALK])
     query = "What did Caroline bring to the potluck at the community garden?"
     embedder = get_embedder()
+    weight = settings.MEMORY_NEIGHBOUR_WEIGHT
+    settings.MEMORY_NEIGHBOUR_WEIGHT = 0.0
     pool = get_vector_index().search(
         mode="hybrid",
         dense=embedder.embed_query(query).tolist(),
@@ -164,10 +175,11 @@ def test_the_context_reads_the_whole_pool_not_only_the_hits_asked_for(settings, 
         limit=1,
         whole_pool=True,
     )
+    settings.MEMORY_NEIGHBOUR_WEIGHT = weight
     assert 6 < len(pool) < len(OTHERS) + len(TALK)
-    weight = settings.MEMORY_NEIGHBOUR_WEIGHT
-    expected = neighbour_context(pool, session_places([pk for pk, _ in pool]), weight)
-    top_only = neighbour_context(pool[:1], session_places([pool[0][0]]), weight)
+    places = db_places()
+    expected = neighbour_context(pool, places, weight)
+    top_only = neighbour_context(pool[:1], places, weight)
     # The top hit gains from a neighbour below it: with only itself there is nothing to gain.
     assert expected[0][0] == top_only[0][0] and expected[0][1] > top_only[0][1] == pool[0][1]
 
@@ -178,27 +190,30 @@ def test_the_context_reads_the_whole_pool_not_only_the_hits_asked_for(settings, 
     ]
 
 
-def test_the_pools_places_are_read_from_an_index_not_from_the_rows():
-    """session_places reads about 100 items per search: each row's session and position sit
-    behind its embedding (in SQLite, on an overflow page), so the look-up must be answered by
-    the memory_places index alone."""
-    from django.db import connection
-    from django.test.utils import CaptureQueriesContext
+def test_an_index_made_before_it_held_places_is_rebuilt_with_them(settings):
+    """The places come from the index alone: an index whose points lack them ranks without
+    the context, and one made by the layout before them is rebuilt on the next catch-up."""
+    from memory.embeddings import get_embedder
+    from memory.vector_index import ROW_FIELDS, _fingerprint, _point, get_vector_index
 
-    from memory.selectors import session_places
-
+    memory_store_many(items=[{"agent_id": "a", "content": c} for c in OTHERS])
     memory_store_many(items=[{"agent_id": "a", "session_id": "talk", "content": c} for c in TALK])
-    pks = list(MemoryItem.objects.values_list("pk", flat=True))
-    with CaptureQueriesContext(connection) as captured:
-        assert len(session_places(pks)) == len(TALK)
-    (query,) = captured.captured_queries
-    with connection.cursor() as cursor:
-        if connection.vendor == "sqlite":
-            cursor.execute(f"EXPLAIN QUERY PLAN {query['sql']}")
-            plan = " ".join(str(row[-1]) for row in cursor.fetchall())
-            assert "USING COVERING INDEX memory_places" in plan
-        else:  # a table this small is read whole unless told otherwise
-            cursor.execute("SET LOCAL enable_seqscan = off")
-            cursor.execute(f"EXPLAIN {query['sql']}")
-            plan = " ".join(row[0] for row in cursor.fetchall())
-            assert "Index Only Scan using memory_places" in plan
+    query = "What did Caroline bring to the potluck at the community garden?"
+    weight = settings.MEMORY_NEIGHBOUR_WEIGHT
+    without, with_context = ranked(query, settings, 0.0), ranked(query, settings, weight)
+    assert without != with_context
+    index, model = get_vector_index(), get_embedder().model_name
+    cursor = index.engine.load_state()["cursor"]
+    points = [_point(row, model) for row in MemoryItem.objects.values_list(*ROW_FIELDS)]
+    index.engine.reset(get_embedder().dim)
+    index.engine.upsert(
+        [
+            replace(p, payload={k: v for k, v in p.payload.items() if k != "position"})
+            for p in points
+        ]
+    )
+
+    index.engine.save_state({"cursor": cursor, "model": _fingerprint(model)})
+    assert ranked(query, settings, weight) == without  # what the index holds is what counts
+    index.engine.save_state({"cursor": cursor, "model": f"{model} sentences"})  # the layout before
+    assert ranked(query, settings, weight) == with_context

@@ -73,6 +73,9 @@ def child_exit(server: object, worker: object) -> None:
 
 
 def post_worker_init(worker: object) -> None:
+    from memory.embeddings import warm_up
+
+    warm_up()  # before the freeze below: the model's objects are long-lived too
     # Django's ~100k long-lived objects out of the collector's sight: otherwise every full
     # collection walks them all (150 ms on a 2-CPU machine), about every 20 replay requests,
     # since a replay request allocates thousands of containers.

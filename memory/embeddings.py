@@ -351,6 +351,17 @@ def get_embedder() -> Embedder:
         return _embedder
 
 
+def warm_up() -> None:
+    """Load the query model and run it once, as a process's first search would: a web worker
+    does it as it boots (gunicorn.conf.py), so that no client's search waits for it (about
+    1 s, and the first in a data folder about 4 s more to make the int8 model). A model that
+    does not load stops no worker: the searches report it."""
+    try:
+        list(get_embedder()._query.query_embed("warm-up"))
+    except Exception:  # logged; each search tries again and says why it fails
+        logger.warning("the query model did not load as the process started", exc_info=True)
+
+
 def reset_embedder() -> None:
     global _embedder
     with _lock:

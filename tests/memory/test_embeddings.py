@@ -152,3 +152,23 @@ def test_queries_fall_back_to_the_documents_model_while_the_int8_one_cannot_be_m
     np.testing.assert_allclose(embedder.embed_query(text), document, atol=1e-5)  # not yet
     clock[0] += embeddings.QUERY_MODEL_RETRY_SECONDS
     assert 0.98 < float(embedder.embed_query(text) @ document) < 0.9999
+
+
+def test_warm_up_loads_the_query_model_and_a_model_that_does_not_load_stops_nothing(
+    monkeypatch, caplog
+):
+    """A web worker warms the query model up as it boots: it must boot when the model does
+    not load too (gunicorn stops the whole server when a worker fails to boot)."""
+    from memory import embeddings
+
+    monkeypatch.setattr(embeddings, "_embedder", None)  # this process's, as a new worker's
+    embeddings.warm_up()
+    assert embeddings.get_embedder()._query_model is not None
+
+    def broken(self, path):
+        raise RuntimeError("no such model")
+
+    monkeypatch.setattr(embeddings, "_embedder", None)
+    monkeypatch.setattr(Embedder, "_load", broken)
+    embeddings.warm_up()
+    assert "the query model did not load as the process started" in caplog.text

@@ -146,8 +146,8 @@ def test_a_consolidations_items_get_no_context(settings):
 
 def db_places():
     """(session, position) of each conversation's turn, as the DB has them."""
-    rows = MemoryItem.objects.filter(kind=MemoryItem.Kind.EPISODIC, position__isnull=False)
-    rows = rows.exclude(session_id="").values_list("pk", "session_id", "position")
+    turns = MemoryItem.objects.filter(kind=MemoryItem.Kind.EPISODIC, position__isnull=False)
+    rows = turns.exclude(session_id="").values_list("pk", "session_id", "position")
     return {pk: (session, position) for pk, session, position in rows}
 
 

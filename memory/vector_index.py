@@ -424,16 +424,16 @@ def _id_scores(hits: Iterable[Any]) -> list[Hit]:
 def _pool(hits: Sequence[Any]) -> tuple[list[Hit], dict[str, Place]]:
     """A pool's (point id, score) and the place of each of its points that has one, as either
     engine answers them (each hit with PLACE_FIELDS of its payload)."""
-    places = {}
-    for hit in hits:
+    scores, places = _id_scores(hits), {}
+    for (pk, _), hit in zip(scores, hits, strict=True):
         payload = hit.payload or {}
         session, position = payload.get("session_id"), payload.get("position")
         # A consolidation's items (summary, facts, decisions) are no conversation: with the
         # context, a session's facts crowded each other into the top 10 and cost the
         # consolidation bench 3 points of session recall@10 (0.866 -> 0.837).
         if payload.get("kind") == MemoryItem.Kind.EPISODIC and session and position is not None:
-            places[str(hit.id)] = (session, position)
-    return _id_scores(hits), places
+            places[pk] = (session, position)
+    return scores, places
 
 
 def _edge_query(mode: str, dense: list[float], sparse: SparseVector) -> tuple[Any, Any]:

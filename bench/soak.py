@@ -18,7 +18,8 @@ purge scheduled every minute. Resident memory that grows with flat data is a lea
 data (``--unbounded``) makes every index grow, and the memory with it.
 
 Every ``--sample-seconds`` (60) it samples, per process: resident memory (VmRSS and its
-anonymous part) and open file descriptors, from /proc; the database connections (PostgreSQL:
+anonymous part, split into the brk heap and the other anonymous mappings), threads and open
+file descriptors, from /proc; the database connections (PostgreSQL:
 pg_stat_activity of the bench's database; SQLite: descriptors open on the database file, in
 every process of the service); and the data: the rows of each table that grows with the load.
 At the end: each series' least-squares slope per hour with its first and last value, the 5xx
@@ -242,6 +243,25 @@ def _status_kb(pid: int, field_name: str) -> int:
     return 0
 
 
+def _anon_split_kb(pid: int) -> tuple[int, int]:
+    """A process's anonymous memory in two: the brk heap ([heap]: the main thread's malloc
+    arena) and every other anonymous mapping (mmap'd arenas of other threads, large blocks,
+    thread stacks, a native library's own allocations). Where a growth lives says whose it is."""
+    heap = other = 0
+    name = ""
+    for line in Path(f"/proc/{pid}/smaps").read_text().splitlines():
+        first = line.split(maxsplit=6)
+        if not first[0].endswith(":"):  # a mapping's header: range, perms, offset, dev, inode
+            name = first[5] if len(first) > 5 else ""
+        elif first[0] == "Anonymous:":
+            kb = int(first[1])
+            if name == "[heap]":
+                heap += kb
+            else:
+                other += kb
+    return heap, other
+
+
 def _children(pid: int) -> list[int]:
     found = []
     for task in Path(f"/proc/{pid}/task").iterdir():
@@ -424,6 +444,11 @@ class Samples:
         self.loads.append(os.getloadavg()[0])
 
 
+# The series sampled for each process, by the suffix of their names (the longest first, as one
+# ends with another).
+PROCESS_SERIES = (" other anon MB", " anon MB", " RSS MB", " heap MB", " fds", " threads")
+
+
 def sample(svc: Service, db: Database, redis_url: str, samples: Samples, minute: float) -> None:
     values: dict[str, float] = {}
     for role, pid in svc.pids().items():
@@ -433,12 +458,17 @@ def sample(svc: Service, db: Database, redis_url: str, samples: Samples, minute:
             # as the machine's memory pressure varies, which is no trend of the service's.
             anon = _status_kb(pid, "RssAnon") / 1024
             fds = len(list(Path(f"/proc/{pid}/fd").iterdir()))
+            heap, other_anon = (kb / 1024 for kb in _anon_split_kb(pid))
+            threads = _status_kb(pid, "Threads")
         except FileNotFoundError:
             continue  # exited between the listing and the read
         samples.pids.setdefault(role, set()).add(pid)
         values[f"{role} RSS MB"] = rss
         values[f"{role} anon MB"] = anon
         values[f"{role} fds"] = fds
+        values[f"{role} heap MB"] = heap
+        values[f"{role} other anon MB"] = other_anon
+        values[f"{role} threads"] = threads
     values["database connections"] = db.connections(svc)
     if redis_url:
         values["redis connections"], values["redis keys"] = _redis_figures(redis_url)
@@ -762,7 +792,7 @@ def report(
         # A leak keeps its slope; a warm-up or a one-off step leaves the second half flat.
         half = len(values) // 2
         late = slope_per_hour(samples.minutes[half:], values[half:])
-        role = name.rsplit(" ", 2)[0] if name.endswith(("RSS MB", "anon MB", " fds")) else ""
+        role = next((name.removesuffix(s) for s in PROCESS_SERIES if name.endswith(s)), "")
         restarts = len(samples.pids.get(role, ())) - 1 if role else 0
         rows.append(
             (

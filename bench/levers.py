@@ -199,19 +199,36 @@ def bm25_scores(matrix: Any, model: Any, query: str) -> np.ndarray:
 
 
 def zfuse(
-    pool: np.ndarray, *scores: np.ndarray, weights: Sequence[float] = (), norm: str = "z"
+    pool: np.ndarray,
+    *scores: np.ndarray,
+    weights: Sequence[float] = (),
+    norm: str = "z",
+    confidence: float = 0.0,
+    rrf: int = 0,
 ) -> np.ndarray:
     """The service's fusion (norm "z": each mode's z-score over the pool, summed); "minmax"
-    scales each mode to [0, 1] over the pool instead."""
+    scales each mode to [0, 1] over the pool instead. With `confidence` p, each mode's
+    z-scores are weighted by its top z-score to the power p: a mode whose best candidate stands
+    out from the pool counts more for this query. With `rrf` k, reciprocal rank fusion over
+    the pool instead (each mode adds 1 / (k + its rank))."""
     fused = np.zeros(len(pool))
     for i, values in enumerate(scores):
         values = values[pool]
+        weight = weights[i] if weights else 1.0
+        if rrf:
+            ranks = np.empty(len(pool))
+            ranks[np.argsort(-values, kind="stable")] = np.arange(1, len(pool) + 1)
+            fused += weight / (rrf + ranks)
+            continue
         if norm == "minmax":
             spread, centre = values.max() - values.min(), values.min()
         else:
             spread, centre = values.std(), values.mean()
         if spread > 0:
-            fused += (weights[i] if weights else 1.0) * (values - centre) / spread
+            z = (values - centre) / spread
+            if confidence:
+                weight *= max(float(z.max()), 0.0) ** confidence
+            fused += weight * z
     return fused
 
 
@@ -305,6 +322,12 @@ class Bench:
         depth: int = PREFETCH,
         norm: str = "z",
         session_penalty: float = 0.0,
+        confidence: float = 0.0,
+        rrf: int = 0,
+        sentence_bm25: float = 0.0,
+        session_docs: float = 0.0,
+        session_pool: float = 0.0,
+        expand_sessions: int = 0,
     ) -> Run:
         matrix, model = self.bm25[bm25]
         ranked = []
@@ -345,7 +368,21 @@ class Bench:
                     self.best_sentence(query, docs[pool])
                 )
                 dense = blend
-            fused = zfuse(pool, dense, sparse, weights=(weight, 1.0), norm=norm)
+            fuse = {"weights": (weight, 1.0), "norm": norm, "confidence": confidence, "rrf": rrf}
+            fused = zfuse(pool, dense, sparse, **fuse)
+            if expand_sessions:
+                # every turn of the sessions of the top `expand_sessions` hits joins the pool
+                pool = self._expand(docs, pool, fused, expand_sessions)
+                fused = zfuse(pool, dense, sparse, **fuse)
+            if sentence_bm25:
+                # a third signal: each pooled item's best sentence by BM25 (IDF over sentences)
+                fused = fused + zfuse(
+                    pool, self.sentence_bm25(text, docs), weights=(sentence_bm25,)
+                )
+            if session_docs:
+                fused = fused + session_docs * self._session_scores(q, docs, pool)
+            if session_pool:
+                fused = fused + session_pool * self._session_pool(docs, pool, fused)
             if bm25_prf:
                 # RM3-like: the top 3 fused docs' most weighted terms join the BM25 query
                 top = pool[np.argsort(-fused)[:3]]
@@ -381,6 +418,78 @@ class Bench:
                 order = self._spread_sessions(order, spread)
             ranked.append(order)
         return Run(name, ranked)
+
+    def sentence_bm25(self, text: str, docs: np.ndarray) -> np.ndarray:
+        """Each doc's best sentence by BM25, the sentences indexed as documents of their own."""
+        if not hasattr(self, "sentence_matrix"):
+            from qdrant_edge import Bm25Config
+
+            split = [sentences(doc) for doc in self.ds.docs]
+            flat = Dataset(
+                "sentences", [p for parts in split for p in parts], [], [], [], [], [], [], []
+            )
+            self.sentence_matrix = bm25_matrix(flat, Bm25Config())
+        matrix, model = self.sentence_matrix
+        scores = np.zeros(len(self.docs))
+        np.maximum.at(scores, self.owner, bm25_scores(matrix, model, text))
+        return scores[docs]
+
+    def _sessions(self) -> tuple[np.ndarray, dict[str, int]]:
+        """Each doc's session as an index (-1: none) and the sessions' indices by name."""
+        if not hasattr(self, "session_of"):
+            names = sorted({s for s in self.ds.doc_session if s})
+            self.session_index = {name: i for i, name in enumerate(names)}
+            self.session_of = np.array([self.session_index.get(s, -1) for s in self.ds.doc_session])
+        return self.session_of, self.session_index
+
+    def _session_scores(self, q: int, docs: np.ndarray, pool: np.ndarray) -> np.ndarray:
+        """Sessions as documents of their own (the mean of their turns' vectors, their turns'
+        text joined for BM25), fused over the agent's sessions by z-score; each pooled turn
+        gets its session's score (0 without a session)."""
+        session_of, index = self._sessions()
+        if not hasattr(self, "session_vectors"):
+            from qdrant_edge import Bm25Config
+
+            vectors = np.zeros((len(index), self.docs.shape[1]))
+            np.add.at(vectors, session_of[session_of >= 0], self.docs[session_of >= 0])
+            vectors /= np.maximum(np.linalg.norm(vectors, axis=1, keepdims=True), 1e-9)
+            texts = [""] * len(index)
+            for doc, s in enumerate(session_of):
+                if s >= 0:
+                    texts[s] += " " + self.ds.docs[doc]
+            flat = Dataset("sessions", texts, [], [], [], [], [], [], [])
+            self.session_vectors = vectors
+            self.session_matrix = bm25_matrix(flat, Bm25Config())
+        mine = np.unique(session_of[docs][session_of[docs] >= 0])
+        out = np.zeros(len(pool))
+        if len(mine) < 2:
+            return out
+        matrix, model = self.session_matrix
+        dense = self.session_vectors @ self.queries[q]
+        sparse = bm25_scores(matrix, model, self.ds.queries[q])
+        fused = np.zeros(len(index))
+        fused[mine] = zfuse(mine, dense, sparse)
+        owners = session_of[docs[pool]]
+        out[owners >= 0] = fused[owners[owners >= 0]]
+        return out
+
+    def _session_pool(self, docs: np.ndarray, pool: np.ndarray, fused: np.ndarray) -> np.ndarray:
+        """Each pooled turn's session's mean of its 3 best pooled turns, above the pool's floor."""
+        session_of, _ = self._sessions()
+        owners = session_of[docs[pool]]
+        floor = float(fused.min())
+        out = np.zeros(len(pool))
+        for s in np.unique(owners[owners >= 0]):
+            mine = owners == s
+            out[mine] = np.sort(fused[mine])[::-1][:3].mean() - floor
+        return out
+
+    def _expand(self, docs: np.ndarray, pool: np.ndarray, fused: np.ndarray, n: int) -> np.ndarray:
+        """The pool plus every turn of the sessions of its top `n` hits (indices into docs)."""
+        session_of, _ = self._sessions()
+        top = session_of[docs[pool[np.argsort(-fused, kind="stable")[:n]]]]
+        extra = np.flatnonzero(np.isin(session_of[docs], top[top >= 0]))
+        return np.union1d(pool, extra)
 
     def best_window(self, query: np.ndarray, docs: np.ndarray) -> np.ndarray:
         """Each doc's best window of two consecutive sentences (mean of their vectors)."""
@@ -630,6 +739,27 @@ def lever_specs() -> list[tuple[str, dict[str, Any]]]:
         (f"service + session diversity {p}", {**today, "session_penalty": p})
         for p in (0.05, 0.1, 0.2, 0.3, 0.5)
     ]
+    # Round five (2026-12-05): on the service's ranking, fusion that weighs each mode by how
+    # far its best candidate stands out, reciprocal rank fusion, sentences by BM25, and the
+    # session as a unit (its own document, its pooled turns together, all its turns pooled).
+    specs += [
+        (f"service + confidence-weighted fusion, power {p}", {**today, "confidence": p})
+        for p in (0.5, 1.0)
+    ]
+    specs += [(f"service with RRF k={k}", {**today, "rrf": k}) for k in (20, 60)]
+    specs += [
+        (f"service + best sentence by BM25 {w}", {**today, "sentence_bm25": w}) for w in (0.2, 0.4)
+    ]
+    specs += [
+        (f"service + session documents {w}", {**today, "session_docs": w}) for w in (0.3, 0.6)
+    ]
+    specs += [
+        (f"service + session's 3 best pooled turns {w}", {**today, "session_pool": w})
+        for w in (0.1, 0.2)
+    ]
+    specs.append(
+        ("service + all turns of the top 3 hits' sessions pooled", {**today, "expand_sessions": 3})
+    )
     return specs
 
 

@@ -26,6 +26,7 @@ import time
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -368,12 +369,12 @@ class Bench:
                     self.best_sentence(query, docs[pool])
                 )
                 dense = blend
-            fuse = {"weights": (weight, 1.0), "norm": norm, "confidence": confidence, "rrf": rrf}
-            fused = zfuse(pool, dense, sparse, **fuse)
+            fuse = partial(zfuse, weights=(weight, 1.0), norm=norm, confidence=confidence, rrf=rrf)
+            fused = fuse(pool, dense, sparse)
             if expand_sessions:
                 # every turn of the sessions of the top `expand_sessions` hits joins the pool
                 pool = self._expand(docs, pool, fused, expand_sessions)
-                fused = zfuse(pool, dense, sparse, **fuse)
+                fused = fuse(pool, dense, sparse)
             if sentence_bm25:
                 # a third signal: each pooled item's best sentence by BM25 (IDF over sentences)
                 fused = fused + zfuse(

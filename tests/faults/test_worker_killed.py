@@ -79,7 +79,10 @@ def test_a_worker_killed_mid_consolidation_is_taken_over_and_consolidates_once(
             logs,
             "the second worker to consolidate",
         )
-        assert f"Task sessions.consolidate[{task_id}] succeeded" in logs()
+        # The task commits "done" before the worker logs its success: wait for the line too
+        # (a loaded machine wrote it after the test first read the logs).
+        succeeded = f"Task sessions.consolidate[{task_id}] succeeded"
+        wait_for(lambda: succeeded in logs(), logs, "the worker to log the task's success")
 
     assert done.attempts == 2
     assert Consolidation.objects.filter(session_id=sid).count() == 1

@@ -17,6 +17,7 @@ import ctypes
 import fcntl
 import json
 import logging
+import os
 import threading
 import time
 import uuid
@@ -161,8 +162,6 @@ class EdgeEngine:
         self._shard: Any = None
         self._state: dict[str, Any] | None = None  # state.json, once read
         if (self._path / "shard").exists() and (self._path / "state.json").exists():
-            from qdrant_edge import EdgeShard
-
             try:
                 # Read here, not on first use: an unreadable state would fail every catch-up.
                 state = json.loads((self._path / "state.json").read_text())
@@ -173,7 +172,7 @@ class EdgeEngine:
                 # load would take for an empty shard.
                 if not any((self._path / "shard" / "segments").glob("*/segment.json")):
                     raise FileNotFoundError(f"no segment in {self._path / 'shard'}")
-                self._shard = EdgeShard.load(str(self._path / "shard"))
+                self._shard = _load_shard(self._path / "shard")
             except Exception:  # noqa: BLE001 - a corrupt shard or state is rebuilt from the DB
                 logger.warning("qdrant-edge shard at %s unreadable; rebuilding", self._path)
                 self._shard, self._state = None, None
@@ -202,12 +201,10 @@ class EdgeEngine:
             EdgeConfig,
             EdgeOptimizersConfig,
             EdgeShard,
-            EdgeSparseVectorParams,
             EdgeVectorParams,
             FloatIndexParams,
             HnswIndexConfig,
             KeywordIndexParams,
-            Modifier,
             MultiVectorComparator,
             MultiVectorConfig,
             ScalarQuantizationConfig,
@@ -240,7 +237,7 @@ class EdgeEngine:
                 DENSE: EdgeVectorParams(size=dim, distance=Distance.Cosine),
                 SENTENCES: sentences,
             },
-            sparse_vectors={SPARSE: EdgeSparseVectorParams(modifier=Modifier.Idf)},
+            sparse_vectors=_sparse_vectors(),
             hnsw_config=HnswIndexConfig(
                 m=0,
                 payload_m=HNSW_M,
@@ -251,6 +248,7 @@ class EdgeEngine:
                 ScalarType.Int8, quantile=INT8_QUANTILE, always_ram=True
             ),
             optimizers=EdgeOptimizersConfig(indexing_threshold=HNSW_FULL_SCAN_KB),
+            max_search_threads=_search_threads(),
         )
         self._shard = EdgeShard.create(str(self._path / "shard"), config)
         keyword, number = KeywordIndexParams(enable_hnsw=False), FloatIndexParams(enable_hnsw=False)
@@ -315,12 +313,10 @@ class EdgeEngine:
         """Close the shard and load it again from disk, then give the freed memory back to the
         system (glibc keeps what the shard freed otherwise). A shard that does not load is
         rebuilt from the DB by the next catch-up, as at start."""
-        from qdrant_edge import EdgeShard
-
         self._need_shard().flush()  # what the state's cursor counts stays on disk
         self._close_shard()
         try:
-            self._shard = EdgeShard.load(str(self._path / "shard"))
+            self._shard = _load_shard(self._path / "shard")
         except Exception:  # rebuilt from the DB, as a damaged shard at start
             logger.exception("qdrant-edge shard at %s did not load again; rebuilding", self._path)
             self._state = None
@@ -395,6 +391,27 @@ class EdgeEngine:
         """Close the shard and give its folder back for the next process."""
         self._close_shard()
         self._lock_file.close()
+
+
+def _sparse_vectors() -> dict[str, Any]:
+    from qdrant_edge import EdgeSparseVectorParams, Modifier
+
+    return {SPARSE: EdgeSparseVectorParams(modifier=Modifier.Idf)}
+
+
+def _search_threads() -> int:
+    """VECTOR_INDEX_SEARCH_THREADS, 0 meaning one per CPU. Always a number: qdrant-edge takes
+    None for "as the shard was made", not for its CPU-derived default."""
+    return settings.VECTOR_INDEX_SEARCH_THREADS or os.cpu_count() or 1
+
+
+def _load_shard(path: Path) -> Any:
+    """The shard at `path`, its search pool sized by the setting (a load stores the value in
+    the shard's edge_config.json; a load's config must name a vector, so the sparse one)."""
+    from qdrant_edge import EdgeConfig, EdgeShard
+
+    config = EdgeConfig(sparse_vectors=_sparse_vectors(), max_search_threads=_search_threads())
+    return EdgeShard.load(str(path), config)
 
 
 def release_freed_memory() -> None:

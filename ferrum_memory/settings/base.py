@@ -200,6 +200,10 @@ VECTOR_INDEX_HEALTH_WAIT_SECONDS = env.float("VECTOR_INDEX_HEALTH_WAIT_SECONDS",
 # memory_index_server`), which build its graphs off every request's path; 0 gives each web and
 # worker process its own copy, whose graphs are built inside the request that crosses a threshold.
 VECTOR_INDEX_SERVERS = env.int("VECTOR_INDEX_SERVERS", default=0)
+# Embedded engine only: the threads of each shard's search pool, which reads its segments in
+# parallel. One searches on the calling thread: at 10^5 items of one agent (2 segments) it cost
+# 1.3 ms less CPU and 1 ms less latency per search than the CPU-derived default (bench/README).
+VECTOR_INDEX_SEARCH_THREADS = env.int("VECTOR_INDEX_SEARCH_THREADS", default=1)
 FASTEMBED_MODEL = env.str("FASTEMBED_MODEL", default="sentence-transformers/all-MiniLM-L6-v2")
 # A local folder with the model's files; empty: the default model from its PyPI packages, or
 # fastembed's cache for another model (nothing is downloaded at run time).

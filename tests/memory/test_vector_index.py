@@ -1,3 +1,5 @@
+import json
+import os
 import subprocess
 import sys
 from functools import partial
@@ -109,6 +111,30 @@ def test_an_edge_shard_survives_a_restart_and_two_processes_never_share_one(sett
     assert indexed_ids(again, "a") == db_ids("a")
     again.close()
     second.close()
+
+
+@pytest.mark.django_db
+def test_a_shard_searches_with_the_configured_pool_of_threads(settings, tmp_path):
+    """VECTOR_INDEX_SEARCH_THREADS sizes the search pool of a new shard and of one loaded
+    again (the value a shard was made with is replaced); 0 means one per CPU."""
+
+    def stored_threads(index: VectorIndex) -> int:
+        path = index.engine._path / "shard" / "edge_config.json"  # type: ignore[attr-defined]
+        return json.loads(path.read_text()).get("max_search_threads")
+
+    settings.DATA_DIR = tmp_path
+    memory_store_many(items=[{"agent_id": "a", "content": "first memory"}])
+    settings.VECTOR_INDEX_SEARCH_THREADS = 1
+    index = VectorIndex(EdgeEngine(tmp_path / "edge"))
+    index.catch_up()
+    assert stored_threads(index) == 1
+    index.close()
+    for threads, stored in ((3, 3), (0, os.cpu_count())):
+        settings.VECTOR_INDEX_SEARCH_THREADS = threads
+        index = VectorIndex(EdgeEngine(tmp_path / "edge"))  # the shard loaded again
+        assert stored_threads(index) == stored
+        assert indexed_ids(index, "a") == db_ids("a")
+        index.close()
 
 
 @pytest.mark.django_db

@@ -118,6 +118,9 @@ STORAGES = {
 # ------------------------------------------------------------------------------
 # DATABASE_URL (PostgreSQL) when scaled out; otherwise the SQLite file at SQLITE_PATH.
 SQLITE_PATH = Path(env.str("SQLITE_PATH", default=str(DATA_DIR / "ferrum_memory.sqlite3")))
+# Bytes of the SQLite file each connection reads through a memory map (SQLite caps it at 2 GiB);
+# 0 reads with read() calls.
+SQLITE_MMAP_SIZE = env.int("SQLITE_MMAP_SIZE", default=2**31)
 if env.str("DATABASE_URL", default=""):
     DATABASES = {"default": env.db("DATABASE_URL")}
     # A dropped connection fails one request at most: the next one reconnects.
@@ -133,8 +136,11 @@ else:
                 # the timeout) instead of failing with "database is locked" mid-transaction.
                 # secure_delete: a deleted row's bytes are overwritten with zeros, so that an
                 # erased agent's content is not left in free pages of the file (agents app).
+                # mmap_size: pages are read through a memory map, not a read() each (SQLite
+                # writes with write() all the same, so a full disk fails a write, no SIGBUS):
+                # a search's 10 rows at 10^5 items, 1.1 -> 0.6 ms (bench/README).
                 "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL; "
-                "PRAGMA secure_delete=ON;",
+                f"PRAGMA secure_delete=ON; PRAGMA mmap_size={SQLITE_MMAP_SIZE};",
                 "transaction_mode": "IMMEDIATE",
                 "timeout": 20,
             },

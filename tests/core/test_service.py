@@ -44,6 +44,15 @@ def test_sqlite_runs_in_wal_mode():
         assert cursor.fetchone()[0] == "wal"
 
 
+def test_sqlite_reads_through_a_memory_map(settings):
+    if connection.vendor != "sqlite":
+        pytest.skip("mmap_size is SQLite's; this run is on " + connection.vendor)
+    with connection.cursor() as cursor:
+        cursor.execute("PRAGMA mmap_size")
+        # SQLite grants at most its compile-time cap (2 GiB less 64 KiB by default).
+        assert 2**30 < cursor.fetchone()[0] <= settings.SQLITE_MMAP_SIZE
+
+
 def test_stats_needs_a_key_and_reports_the_service(api_client):
     body = api_client.get("/stats").json()
     assert body["service"]["database"] == connection.vendor

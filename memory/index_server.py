@@ -136,6 +136,7 @@ class IndexServer:
         while not self._stopping.wait(OPTIMIZE_POLL_SECONDS):
             try:
                 self.optimize_when_due()
+                self.index.save_if_due()
             except Exception:  # the next poll tries again; searches go on
                 logger.exception("index server %s: building graphs failed", self.slot)
             finally:

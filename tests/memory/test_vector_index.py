@@ -114,6 +114,59 @@ def test_an_edge_shard_survives_a_restart_and_two_processes_never_share_one(sett
 
 
 @pytest.mark.django_db
+def test_an_edge_shard_flushes_stores_when_due_and_deletions_at_once(
+    settings, tmp_path, monkeypatch
+):
+    """A catch-up's upserts reach the disk at most every EDGE_FLUSH_SECONDS (a flush per store
+    cost each one 17 ms), the cursor on disk never ahead of them; a deletion is flushed with
+    its catch-up, the rest when due or at close. A process killed before its flush comes back
+    at the older cursor and applies the newer items again."""
+    import shutil
+
+    settings.DATA_DIR = tmp_path
+    monkeypatch.setattr(vector_index, "EDGE_FLUSH_SECONDS", 3600.0)
+
+    def store(content: str) -> None:
+        memory_store_many(items=[{"agent_id": "a", "content": content}])
+        index.catch_up()
+
+    index = VectorIndex(EdgeEngine(tmp_path / "edge"))
+    path = index.engine._path  # type: ignore[attr-defined]
+
+    def on_disk() -> int:
+        return json.loads((path / "state.json").read_text())["cursor"]
+
+    store("first memory")  # a build: flushed
+    built = index.cursor
+    assert on_disk() == built
+    store("second memory")
+    assert index.cursor > built and on_disk() == built
+
+    killed = tmp_path / "killed"  # what a SIGKILL now would leave on disk
+    shutil.copytree(path, killed / "shard-0", ignore=shutil.ignore_patterns("lock"))
+    again = VectorIndex(EdgeEngine(killed))
+    assert again.cursor == built  # loaded as it was, not rebuilt
+    again.catch_up()
+    assert indexed_ids(again, "a") == db_ids("a") and len(db_ids("a")) == 2
+    again.close()
+
+    memory_delete_many(queryset=MemoryItem.objects.filter(content="first memory"))
+    index.catch_up()
+    assert on_disk() == index.cursor
+    store("third memory")
+    assert on_disk() < index.cursor
+    monkeypatch.setattr(vector_index, "EDGE_FLUSH_SECONDS", 0.0)
+    index.save_if_due()  # as an index server's idle poll does
+    assert on_disk() == index.cursor
+    monkeypatch.setattr(vector_index, "EDGE_FLUSH_SECONDS", 3600.0)
+    store("fourth memory")
+    cursor = index.cursor
+    index.close()
+    assert on_disk() == cursor
+    assert indexed_ids(VectorIndex(EdgeEngine(tmp_path / "edge")), "a") == db_ids("a")
+
+
+@pytest.mark.django_db
 def test_a_shard_searches_with_the_configured_pool_of_threads(settings, tmp_path):
     """VECTOR_INDEX_SEARCH_THREADS sizes the search pool of a new shard and of one loaded
     again (the value a shard was made with is replaced); 0 means one per CPU."""

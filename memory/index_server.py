@@ -138,7 +138,9 @@ class IndexServer:
                 self.optimize_when_due()
                 self.index.save_if_due()
             except Exception:  # the next poll tries again; searches go on
-                logger.exception("index server %s: building graphs failed", self.slot)
+                logger.exception(
+                    "index server %s: building graphs or flushing the shard failed", self.slot
+                )
             finally:
                 close_old_connections()
 

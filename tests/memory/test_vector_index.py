@@ -163,7 +163,9 @@ def test_an_edge_shard_flushes_stores_when_due_and_deletions_at_once(
     cursor = index.cursor
     index.close()
     assert on_disk() == cursor
-    assert indexed_ids(VectorIndex(EdgeEngine(tmp_path / "edge")), "a") == db_ids("a")
+    reloaded = VectorIndex(EdgeEngine(tmp_path / "edge"))
+    assert indexed_ids(reloaded, "a") == db_ids("a")
+    reloaded.close()
 
 
 @pytest.mark.django_db

@@ -16,6 +16,7 @@ the other unchanged).
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import math
 import os
@@ -329,13 +330,41 @@ class Bench:
         session_docs: float = 0.0,
         session_pool: float = 0.0,
         expand_sessions: int = 0,
+        center: float = 0.0,
+        csls: float = 0.0,
+        query_view: str = "",
+        view_weight: float = 0.0,
+        sentence_signal: float = 0.0,
+        pool_center: float = 0.0,
+        bigram: float = 0.0,
+        bigram_signal: float = 0.0,
+        dense_temp: float = 0.0,
+        sparse_power: float = 0.0,
+        context_bm25: float = 0.0,
+        context_sides: str = "both",
+        sparse_prev: float = 0.0,
+        sparse_prev_scope: str = "all",
+        context_pool_own: bool = False,
+        context_pool_union: bool = False,
+        merged: str = "",
+        merged_weight: float = 0.3,
     ) -> Run:
         matrix, model = self.bm25[bm25]
         ranked = []
         for q, text in enumerate(self.ds.queries):
             docs = self.members[self.ds.query_group[q]]
             query = self.queries[q]
+            if view_weight:
+                # a second view of the query (its words without the question's function words)
+                query = query + view_weight * self.query_views(query_view)[q]
+            if center:
+                # hubness: the agent's mean item vector taken out of the query, so an item near
+                # everything of its agent (a generic turn) scores lower, for dense and sentences
+                query = query - center * self.centroid(self.ds.query_group[q])
             dense = self.docs[docs] @ query
+            if csls:
+                # the same idea as a prior: each item less its mean cosine to its 10 nearest
+                dense = dense - csls * self.hub(self.ds.query_group[q])
             if sentence:
                 dense = (1 - sentence) * dense + sentence * self.best_sentence(query, docs)
             key = (bm25, q)
@@ -344,6 +373,20 @@ class Bench:
             sparse = self.sparse_cache[key][docs]
             if window:
                 dense = (1 - window) * dense + window * self.best_window(query, docs)
+            if merged:
+                # one sparse vector per turn: its own BM25 term weights plus merged_weight x
+                # those of its previous turn ("prev") or of both texts joined ("joined"), IDF
+                # over those vectors (as one named sparse vector in Qdrant would have it)
+                sparse = self.merged_bm25(text, merged, merged_weight)[docs]
+            own_sparse = sparse
+            if context_bm25:
+                # document expansion by the conversation: each turn's BM25 document also holds
+                # its adjacent turns' words ("previous": the one before, known when it is stored)
+                sparse = sparse + context_bm25 * self.context_bm25(text, context_sides)[docs]
+            if bigram:
+                # sequential dependence, roughly: BM25 over the text's adjacent word pairs
+                # (stopwords dropped, words stemmed as Bm25 does) added to the word BM25
+                sparse = sparse + bigram * self.bigram_scores(text)[docs]
             if names_weight != 1.0:
                 sparse = (
                     sparse + (names_weight - 1.0) * bm25_scores(matrix, model, _names(text))[docs]
@@ -356,9 +399,37 @@ class Bench:
                 ranked.append(docs[order[sparse[order] > 0]])
                 continue
             top_dense = np.argsort(-dense, kind="stable")[:depth]
-            by_sparse = np.argsort(-sparse, kind="stable")[:depth]
-            pool = np.unique(np.concatenate([top_dense, by_sparse[sparse[by_sparse] > 0]]))
+            pooled_by = own_sparse if context_pool_own else sparse
+            by_sparse = np.argsort(-pooled_by, kind="stable")[:depth]
+            pool = np.unique(np.concatenate([top_dense, by_sparse[pooled_by[by_sparse] > 0]]))
+            if context_pool_union:
+                # as two named sparse vectors would pool: each one's own top `depth` as well
+                for ranked_by in (own_sparse, self.context_bm25(text, context_sides)[docs]):
+                    top = np.argsort(-ranked_by, kind="stable")[:depth]
+                    pool = np.union1d(pool, top[ranked_by[top] > 0])
+            if sparse_prev:
+                # BM25 score-level context: a turn's BM25 plus `sparse_prev` x its previous
+                # turn's ("all": before pooling; "pool": pool from its own, previous turn's
+                # score looked up; "pooled": only when the previous turn is pooled too)
+                local = np.full(len(self.ds.docs), -1)
+                local[docs] = np.arange(len(docs))
+                before = self.prev[docs]
+                prev_local = np.where(before >= 0, local[np.maximum(before, 0)], -1)
+                gain = np.where(prev_local >= 0, sparse[np.maximum(prev_local, 0)], 0.0)
+                if sparse_prev_scope == "all":
+                    sparse = sparse + sparse_prev * gain
+                    by_sparse = np.argsort(-sparse, kind="stable")[:depth]
+                    pool = np.unique(np.concatenate([top_dense, by_sparse[sparse[by_sparse] > 0]]))
+                else:
+                    if sparse_prev_scope == "pooled":
+                        gain = np.where(np.isin(prev_local, pool), gain, 0.0)
+                    sparse = sparse + sparse_prev * gain
             weight = dense_weight
+            if pool_center:
+                # centering on the pool instead of the agent: the pooled items' mean vector
+                # taken out of the query (the service holds the pool, not the agent's mean)
+                moved = query - pool_center * self.docs[docs[pool]].mean(axis=0)
+                dense = self.docs[docs] @ moved
             if short_dense and len(set(model.embed_query(text).indices)) <= 2:
                 weight = short_dense
             if pooled_sentence:
@@ -370,7 +441,25 @@ class Bench:
                 )
                 dense = blend
             fuse = partial(zfuse, weights=(weight, 1.0), norm=norm, confidence=confidence, rrf=rrf)
-            fused = fuse(pool, dense, sparse)
+            if dense_temp or sparse_power:
+                # the scores' shape before the z-scores: exp(cos / t) stretches the top of the
+                # dense scores, BM25 ** p (< 1) compresses the top of the sparse ones
+                shaped = np.exp(dense / dense_temp) if dense_temp else dense
+                fused = fuse(pool, shaped, sparse**sparse_power if sparse_power else sparse)
+            else:
+                fused = fuse(pool, dense, sparse)
+            if sentence_signal:
+                # the best sentence as a third signal, z-scored on its own (not blended into
+                # the whole text's cosine), the whole text's weight lowered by as much
+                best = np.zeros(len(docs))
+                best[pool] = self.best_sentence(query, docs[pool])
+                fused = zfuse(
+                    pool, dense, sparse, best, weights=(1 - sentence_signal, 1.0, sentence_signal)
+                )
+            if bigram_signal:
+                fused = fused + zfuse(
+                    pool, self.bigram_scores(text)[docs], weights=(bigram_signal,)
+                )
             if expand_sessions:
                 # every turn of the sessions of the top `expand_sessions` hits joins the pool
                 pool = self._expand(docs, pool, fused, expand_sessions)
@@ -419,6 +508,130 @@ class Bench:
                 order = self._spread_sessions(order, spread)
             ranked.append(order)
         return Run(name, ranked)
+
+    def _stems(self, text: str) -> list[int]:
+        """The text's words as Bm25 stems them (its term ids), in order, stopwords dropped."""
+        _, model = self.bm25["default"]
+        if not hasattr(self, "stem_of"):
+            self.stem_of: dict[str, list[int]] = {}
+        out: list[int] = []
+        for word in re.findall(r"\w+", text.lower()):
+            if word not in self.stem_of:
+                self.stem_of[word] = list(model.embed_query(word).indices)
+            out += self.stem_of[word]
+        return out
+
+    def bigram_scores(self, text: str, k1: float = 1.2, b: float = 0.75) -> np.ndarray:
+        """BM25 (Qdrant's IDF) over adjacent stem pairs, every doc scored."""
+        if not hasattr(self, "bigram_index"):
+            postings: dict[tuple[int, int], dict[int, int]] = defaultdict(dict)
+            lengths = np.zeros(len(self.ds.docs))
+            for i, doc in enumerate(self.ds.docs):
+                stems = self._stems(doc)
+                pairs = list(itertools.pairwise(stems))
+                lengths[i] = len(pairs)
+                for pair in pairs:
+                    postings[pair][i] = postings[pair].get(i, 0) + 1
+            norm = k1 * (1 - b + b * lengths / max(lengths.mean(), 1e-9))
+            n = len(self.ds.docs)
+            self.bigram_index = {}
+            for pair, tfs in postings.items():
+                rows = np.array(list(tfs))
+                tf = np.array(list(tfs.values()), dtype=float)
+                idf = math.log((n - len(rows) + 0.5) / (len(rows) + 0.5) + 1.0)
+                self.bigram_index[pair] = (rows, idf * tf * (k1 + 1) / (tf + norm[rows]))
+        scores = np.zeros(len(self.ds.docs))
+        stems = self._stems(text)
+        for pair in set(itertools.pairwise(stems)):
+            if pair in self.bigram_index:
+                rows, values = self.bigram_index[pair]
+                scores[rows] += values
+        return scores
+
+    def merged_bm25(self, text: str, how: str, weight: float) -> np.ndarray:
+        if not hasattr(self, "merged_matrices"):
+            self.merged_matrices: dict[tuple[str, float], Any] = {}
+        key = (how, weight)
+        if key not in self.merged_matrices:
+            from qdrant_edge import Bm25, Bm25Config
+
+            model = Bm25(Bm25Config())
+
+            def terms(doc: str) -> dict[int, float]:
+                vector = model.embed_document(doc)
+                return dict(zip(vector.indices, vector.values, strict=True))
+
+            postings: dict[int, tuple[list[int], list[float]]] = defaultdict(lambda: ([], []))
+            for i, doc in enumerate(self.ds.docs):
+                vector = terms(doc)
+                if self.prev[i] >= 0:
+                    before = self.ds.docs[self.prev[i]]
+                    extra = terms(before if how == "prev" else f"{doc} {before}")
+                    for term, value in extra.items():
+                        vector[term] = vector.get(term, 0.0) + weight * value
+                for term, value in vector.items():
+                    postings[term][0].append(i)
+                    postings[term][1].append(value)
+            n = len(self.ds.docs)
+            index = {}
+            for term, (rows, values) in postings.items():
+                idf = math.log((n - len(rows) + 0.5) / (len(rows) + 0.5) + 1.0)
+                index[term] = (np.array(rows), np.array(values) * idf)
+            self.merged_matrices[key] = ((index, n), model)
+        matrix, model = self.merged_matrices[key]
+        return bm25_scores(matrix, model, text)
+
+    def context_bm25(self, text: str, sides: str) -> np.ndarray:
+        if not hasattr(self, "context_matrices"):
+            self.context_matrices: dict[str, Any] = {}
+        if sides not in self.context_matrices:
+            from qdrant_edge import Bm25Config
+
+            docs = []
+            for i, doc in enumerate(self.ds.docs):
+                around = [self.prev[i]] + ([self.next[i]] if sides == "both" else [])
+                docs.append(" ".join([doc] + [self.ds.docs[n] for n in around if n >= 0]))
+            flat = Dataset("context", docs, [], [], [], [], [], [], [])
+            self.context_matrices[sides] = bm25_matrix(flat, Bm25Config())
+        matrix, model = self.context_matrices[sides]
+        return bm25_scores(matrix, model, text)
+
+    def centroid(self, group: str) -> np.ndarray:
+        if not hasattr(self, "centroids"):
+            self.centroids = {g: self.docs[m].mean(axis=0) for g, m in self.members.items()}
+        return self.centroids[group]
+
+    def hub(self, group: str) -> np.ndarray:
+        """Each of the group's docs' mean cosine to its 10 nearest other docs (CSLS's r_d)."""
+        if not hasattr(self, "hubs"):
+            self.hubs = {}
+        if group not in self.hubs:
+            vecs = self.docs[self.members[group]]
+            out = np.empty(len(vecs))
+            for start in range(0, len(vecs), 1024):
+                sim = vecs[start : start + 1024] @ vecs.T
+                sim[np.arange(len(sim)), np.arange(start, start + len(sim))] = -1
+                out[start : start + len(sim)] = np.sort(sim, axis=1)[:, -10:].mean(axis=1)
+            self.hubs[group] = out
+        return self.hubs[group]
+
+    def query_views(self, view: str) -> np.ndarray:
+        """The queries rewritten (`view`: "content" drops question and function words),
+        embedded once and cached beside the dataset's vectors."""
+        if not hasattr(self, "views"):
+            self.views = {}
+        if view not in self.views:
+            path = CACHE / f"{self.ds.name}-view-{view}.npy"
+            if path.exists():
+                self.views[view] = np.load(path)
+            else:
+                from memory.embeddings import get_embedder
+
+                embedder = get_embedder()
+                texts = [_content_words(q) or q for q in self.ds.queries]
+                self.views[view] = np.stack([embedder.embed_query(t) for t in texts])
+                np.save(path, self.views[view])
+        return self.views[view]
 
     def sentence_bm25(self, text: str, docs: np.ndarray) -> np.ndarray:
         """Each doc's best sentence by BM25, the sentences indexed as documents of their own."""
@@ -601,6 +814,53 @@ class Bench:
 STOP = {"the", "a", "an", "and", "or", "of", "to", "in", "is", "was", "for", "on", "with", "that"}
 
 
+QUESTION_WORDS = STOP | {
+    "what",
+    "when",
+    "where",
+    "who",
+    "whom",
+    "which",
+    "why",
+    "how",
+    "did",
+    "do",
+    "does",
+    "is",
+    "are",
+    "was",
+    "were",
+    "has",
+    "have",
+    "had",
+    "be",
+    "been",
+    "would",
+    "could",
+    "might",
+    "by",
+    "at",
+    "from",
+    "as",
+    "about",
+    "into",
+    "her",
+    "his",
+    "their",
+    "they",
+    "she",
+    "he",
+    "it",
+    "its",
+}
+
+
+def _content_words(query: str) -> str:
+    """The query without question and function words ("What did Caroline research?" ->
+    "Caroline research")."""
+    return " ".join(w for w in re.findall(r"[\w'-]+", query) if w.lower() not in QUESTION_WORDS)
+
+
 def _top_terms(doc: str, query: str, n: int) -> str:
     """The doc's `n` most frequent words of 4+ letters not in the query (RM3's feedback terms,
     roughly)."""
@@ -761,6 +1021,131 @@ def lever_specs() -> list[tuple[str, dict[str, Any]]]:
     specs.append(
         ("service + all turns of the top 3 hits' sessions pooled", {**today, "expand_sessions": 3})
     )
+    # Round six (2026-12-06): hubness. MiniLM's vectors of one agent share a common direction,
+    # and an item near that mean (a generic turn) ranks high for many queries: the agent's mean
+    # vector taken out of the query (centering; the service could keep a sum per agent), or
+    # each item's mean cosine to its 10 nearest items as a prior (CSLS). And a second view of
+    # the query, its content words alone, added to its vector.
+    specs += [(f"service + query centering {a}", {**today, "center": a}) for a in (0.5, 1.0)]
+    specs += [(f"service + CSLS prior {b}", {**today, "csls": b}) for b in (0.5, 1.0)]
+    specs += [
+        (
+            f"service + content-words query view {w}",
+            {**today, "query_view": "content", "view_weight": w},
+        )
+        for w in (0.5, 1.0)
+    ]
+    specs += [
+        (
+            f"service, best sentence z-scored as a third signal {w}",
+            {**whole, "variant": "two", "sentence_signal": w},
+        )
+        for w in (0.3, 0.5)
+    ]
+    for prior in ({"center": 0.5}, {"csls": 0.5}):
+        specs += [
+            (
+                f"service + {next(iter(prior))} 0.5 + session diversity {p}",
+                {**today, **prior, "session_penalty": p},
+            )
+            for p in (0.05, 0.1)
+        ]
+    specs += [(f"service + pool centering {a}", {**today, "pool_center": a}) for a in (0.5, 1.0)]
+    specs += [
+        (f"service + bigram BM25 in sparse {w}", {**today, "bigram": w}) for w in (0.3, 0.6, 1.0)
+    ]
+    specs += [
+        (f"service + bigram BM25 as a third signal {w}", {**today, "bigram_signal": w})
+        for w in (0.2, 0.4)
+    ]
+    specs += [
+        ("service + bigram 0.3 + centering 0.5", {**today, "bigram": 0.3, "center": 0.5}),
+        (
+            "service + bigram 0.3 + centering 0.5 + content view 0.5",
+            {**today, "bigram": 0.3, "center": 0.5, "query_view": "content", "view_weight": 0.5},
+        ),
+    ]
+    specs += [
+        (f"service, dense as exp(cos / {t})", {**today, "dense_temp": t}) for t in (0.05, 0.1)
+    ]
+    specs += [
+        (f"service, BM25 ** {p}", {**today, "sparse_power": p}) for p in (0.5, 1.25, 1.5, 2.0, 3.0)
+    ]
+    specs += [
+        (
+            f"service, BM25 ** {p} + bigram 0.3 + centering 0.5",
+            {**today, "sparse_power": p, "bigram": 0.3, "center": 0.5},
+        )
+        for p in (1.5, 2.0)
+    ]
+    specs += [
+        (
+            f"service + BM25 of the turn with its {sides} turns {x}",
+            {**today, "context_bm25": x, "context_sides": sides},
+        )
+        for sides in ("previous", "both")
+        for x in (0.3, 0.6)
+    ]
+    specs += [
+        (
+            f"BM25 of the turn with its {sides} turns {x}, no neighbour context",
+            {"pooled_sentence": 0.3, "context_bm25": x, "context_sides": sides},
+        )
+        for sides in ("previous", "both")
+        for x in (0.3, 0.6)
+    ]
+    specs += [
+        (
+            f"service + BM25 plus {x} x the previous turn's BM25 ({scope})",
+            {**today, "sparse_prev": x, "sparse_prev_scope": scope},
+        )
+        for scope in ("all", "pool", "pooled")
+        for x in (0.3, 0.5)
+    ]
+    specs += [
+        (
+            f"service + previous turn's words in a second BM25 {x}, pool by the turn's own",
+            {**today, "context_bm25": x, "context_sides": "previous", "context_pool_own": True},
+        )
+        for x in (0.2, 0.3, 0.5)
+    ]
+    specs += [
+        (
+            f"service, BM25 vector + {w} x the previous turn's ({how})",
+            {**today, "merged": how, "merged_weight": w},
+        )
+        for how in ("prev", "joined")
+        for w in (0.2, 0.3, 0.5)
+    ]
+    specs += [
+        (
+            f"service + previous turn's words {x}, pool: each BM25's top 50",
+            {
+                **today,
+                "context_bm25": x,
+                "context_sides": "previous",
+                "context_pool_own": True,
+                "context_pool_union": True,
+            },
+        )
+        for x in (0.3, 0.5)
+    ]
+    specs += [
+        (
+            f"service + previous turn's words 0.3 (pool: each BM25's) + session diversity {p}",
+            {
+                **today,
+                "context_bm25": 0.3,
+                "context_sides": "previous",
+                "context_pool_own": True,
+                "context_pool_union": True,
+                "session_penalty": p,
+            },
+        )
+        for p in (0.05, 0.1, 0.2)
+    ]
+    specs += [(f"query centering {a} alone", {"center": a}) for a in (0.5, 1.0)]
+    specs += [(f"dense, query centering {a}", {"mode": "dense", "center": a}) for a in (0.5, 1.0)]
     return specs
 
 

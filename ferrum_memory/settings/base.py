@@ -228,6 +228,10 @@ MEMORY_NEIGHBOUR_WEIGHT = env.float("MEMORY_NEIGHBOUR_WEIGHT", default=0.3)
 # Hybrid search's sentence vectors (memory.vector_index): the share of an item's dense score
 # that its best sentence gives; 0 turns it off (they are stored and indexed either way).
 MEMORY_SENTENCE_WEIGHT = env.float("MEMORY_SENTENCE_WEIGHT", default=0.3)
+# Hybrid search's previous-turn words (memory.vector_index): the weight of a turn's BM25 score
+# as a document holding its previous turn's words too, beside its own; 0 turns it off (the
+# vectors are indexed either way).
+MEMORY_PREVIOUS_TURN_WEIGHT = env.float("MEMORY_PREVIOUS_TURN_WEIGHT", default=0.3)
 # POST /memory/context: the tokenizer that counts its budget (memory.tokens), and the default
 # relevance below which a memory is left out of a context (calibrated by bench/context.py).
 CONTEXT_TOKENIZER = env.str("CONTEXT_TOKENIZER", default="o200k_base")

@@ -102,6 +102,7 @@ def ranked(query, settings, weight):
 def test_a_turn_is_found_through_the_turn_before_it(settings):
     default = settings.MEMORY_NEIGHBOUR_WEIGHT
     assert default > 0
+    settings.MEMORY_PREVIOUS_TURN_WEIGHT = 0.0  # the neighbour context alone
     memory_store_many(items=[{"agent_id": "a", "content": c} for c in OTHERS])
     memory_store_many(items=[{"agent_id": "a", "session_id": "talk", "content": c} for c in TALK])
     query = "What did Caroline bring to the potluck at the community garden?"
@@ -194,7 +195,7 @@ def test_an_index_made_before_it_held_places_is_rebuilt_with_them(settings):
     """The places come from the index alone: an index whose points lack them ranks without
     the context, and one made by the layout before them is rebuilt on the next catch-up."""
     from memory.embeddings import get_embedder
-    from memory.vector_index import ROW_FIELDS, _fingerprint, _point, get_vector_index
+    from memory.vector_index import _fingerprint, _point, get_vector_index, index_rows
 
     memory_store_many(items=[{"agent_id": "a", "content": c} for c in OTHERS])
     memory_store_many(items=[{"agent_id": "a", "session_id": "talk", "content": c} for c in TALK])
@@ -204,7 +205,7 @@ def test_an_index_made_before_it_held_places_is_rebuilt_with_them(settings):
     assert without != with_context
     index, model = get_vector_index(), get_embedder().model_name
     cursor = index.engine.load_state()["cursor"]
-    points = [_point(row, model) for row in MemoryItem.objects.values_list(*ROW_FIELDS)]
+    points = [_point(row, model) for row in index_rows(MemoryItem.objects.all())]
     index.engine.reset(get_embedder().dim)
     index.engine.upsert(
         [
@@ -217,3 +218,69 @@ def test_an_index_made_before_it_held_places_is_rebuilt_with_them(settings):
     assert ranked(query, settings, weight) == without  # what the index holds is what counts
     index.engine.save_state({"cursor": cursor, "model": f"{model} sentences"})  # the layout before
     assert ranked(query, settings, weight) == with_context
+
+
+def ranked_with_previous(query, settings, weight):
+    settings.MEMORY_PREVIOUS_TURN_WEIGHT = weight
+    return [hit.item.content for hit in memory_search(query=query, agent_id="a", limit=10)]
+
+
+def test_a_turn_is_found_by_the_words_of_the_turn_before_it(settings):
+    default = settings.MEMORY_PREVIOUS_TURN_WEIGHT
+    assert default > 0
+    settings.MEMORY_NEIGHBOUR_WEIGHT = 0.0  # the previous turn's words alone
+    memory_store_many(items=[{"agent_id": "a", "content": c} for c in OTHERS])
+    memory_store_many(items=[{"agent_id": "a", "session_id": "talk", "content": c} for c in TALK])
+    query = "What did Caroline bring to the potluck at the community garden?"
+    without = ranked_with_previous(query, settings, 0.0)
+    with_words = ranked_with_previous(query, settings, default)
+    # The answer shares one word with the question ("Caroline"); the question before it, many.
+    assert with_words.index(TALK[1]) < without.index(TALK[1]), (without, with_words)
+    # The sparse mode searches each item's own words only.
+    settings.MEMORY_PREVIOUS_TURN_WEIGHT = default
+    sparse = memory_search(query="potluck", agent_id="a", limit=10, mode="sparse")
+    assert [hit.item.content for hit in sparse] == [TALK[0]]
+
+
+def holding_previous_words(word):
+    """The items whose previous-turn document matches `word`, from the index itself."""
+    from memory.embeddings import get_embedder
+    from memory.vector_index import WITH_PREVIOUS, SearchFilter, get_vector_index
+
+    embedder, index = get_embedder(), get_vector_index()
+    index.catch_up()
+    hits = index.engine.search(
+        mode=WITH_PREVIOUS,
+        dense=embedder.embed_query(word).tolist(),
+        sparse=embedder.sparse_query(word),
+        flt=SearchFilter(agent_id="a", now=0.0),
+        limit=10,
+    )
+    ids = [uuid.UUID(pk) for pk, _ in hits]
+    return set(MemoryItem.objects.filter(pk__in=ids).values_list("content", flat=True))
+
+
+def test_a_deleted_turns_words_leave_the_next_turn():
+    from memory.services import memory_delete_many
+
+    memory_store_many(items=[{"agent_id": "a", "session_id": "talk", "content": c} for c in TALK])
+    assert holding_previous_words("potluck") == {TALK[0], TALK[1]}
+    assert holding_previous_words("lentil") == {TALK[1], TALK[2]}
+
+    memory_delete_many(queryset=MemoryItem.objects.filter(content=TALK[0]))
+
+    # Erased means erased: no other item's index entry keeps its words.
+    assert holding_previous_words("potluck") == set()
+    assert holding_previous_words("lentil") == {TALK[1], TALK[2]}
+
+
+def test_an_edited_turns_new_words_reach_the_next_turn():
+    from memory.services import memory_update
+
+    memory_store_many(items=[{"agent_id": "a", "session_id": "talk", "content": c} for c in TALK])
+    first = MemoryItem.objects.get(content=TALK[0])
+    edited = "Melanie: What did you cook for the harvest festival at the allotment?"
+    memory_update(item=first, version=first.version, changes={"content": edited})
+
+    assert holding_previous_words("potluck") == set()
+    assert holding_previous_words("allotment") == {edited, TALK[1]}

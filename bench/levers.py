@@ -604,7 +604,7 @@ class Bench:
     def hub(self, group: str) -> np.ndarray:
         """Each of the group's docs' mean cosine to its 10 nearest other docs (CSLS's r_d)."""
         if not hasattr(self, "hubs"):
-            self.hubs = {}
+            self.hubs: dict[str, np.ndarray] = {}
         if group not in self.hubs:
             vecs = self.docs[self.members[group]]
             out = np.empty(len(vecs))
@@ -619,7 +619,7 @@ class Bench:
         """The queries rewritten (`view`: "content" drops question and function words),
         embedded once and cached beside the dataset's vectors."""
         if not hasattr(self, "views"):
-            self.views = {}
+            self.views: dict[str, np.ndarray] = {}
         if view not in self.views:
             path = CACHE / f"{self.ds.name}-view-{view}.npy"
             if path.exists():

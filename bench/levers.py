@@ -348,6 +348,7 @@ class Bench:
         context_pool_union: bool = False,
         merged: str = "",
         merged_weight: float = 0.3,
+        diversity_depth: int = DIVERSITY_DEPTH,
     ) -> Run:
         matrix, model = self.bm25[bm25]
         ranked = []
@@ -500,7 +501,7 @@ class Bench:
             if neighbour or session_weight:
                 fused = self._context(docs, pool, fused, neighbour, session_weight, variant)
             if session_penalty:
-                fused = self._penalise_sessions(docs, pool, fused, session_penalty)
+                fused = self._penalise_sessions(docs, pool, fused, session_penalty, diversity_depth)
             order = docs[pool[np.argsort(-fused, kind="stable")]]
             if session_cap:
                 order = self._cap_sessions(order, session_cap)
@@ -738,14 +739,19 @@ class Bench:
         return np.array(top + rest, dtype=order.dtype)
 
     def _penalise_sessions(
-        self, docs: np.ndarray, pool: np.ndarray, fused: np.ndarray, penalty: float
+        self,
+        docs: np.ndarray,
+        pool: np.ndarray,
+        fused: np.ndarray,
+        penalty: float,
+        depth: int = DIVERSITY_DEPTH,
     ) -> np.ndarray:
         """Session diversity, MMR-like: the top DIVERSITY_DEPTH re-ranked greedily, each pick's
         score less `penalty` standard deviations of the pool's scores per turn of its session
         already picked; returned as scores that put the picks first in that order."""
         spread = float(fused.std()) or 1.0
         sessions = [self.ds.doc_session[doc] for doc in docs[pool]]
-        top = list(np.argsort(-fused, kind="stable")[:DIVERSITY_DEPTH])
+        top = list(np.argsort(-fused, kind="stable")[:depth])
         picked: dict[str, int] = defaultdict(int)
         out = fused.copy()
         ceiling = float(fused.max()) + 1.0
@@ -753,7 +759,7 @@ class Bench:
             best = max(top, key=lambda i: fused[i] - penalty * spread * picked[sessions[i]])
             top.remove(best)
             picked[sessions[best]] += 1
-            out[best] = ceiling + DIVERSITY_DEPTH - rank
+            out[best] = ceiling + depth - rank
         return out
 
     def _cap_sessions(self, order: np.ndarray, cap: int) -> np.ndarray:
@@ -1143,6 +1149,12 @@ def lever_specs() -> list[tuple[str, dict[str, Any]]]:
             },
         )
         for p in (0.05, 0.1, 0.2)
+    ]
+    specs += [
+        (f"service + previous turn's words 0.3 + session diversity {p} over the whole pool",
+         {**today, "context_bm25": 0.3, "context_sides": "previous", "context_pool_own": True,
+          "context_pool_union": True, "session_penalty": p, "diversity_depth": 1000})
+        for p in (0.1, 0.15)
     ]
     specs += [(f"query centering {a} alone", {"center": a}) for a in (0.5, 1.0)]
     specs += [(f"dense, query centering {a}", {"mode": "dense", "center": a}) for a in (0.5, 1.0)]

@@ -232,6 +232,9 @@ MEMORY_SENTENCE_WEIGHT = env.float("MEMORY_SENTENCE_WEIGHT", default=0.3)
 # as a document holding its previous turn's words too, beside its own; 0 turns it off (the
 # vectors are indexed either way).
 MEMORY_PREVIOUS_TURN_WEIGHT = env.float("MEMORY_PREVIOUS_TURN_WEIGHT", default=0.3)
+# Hybrid search's session diversity (memory.vector_index): each hit of a session ranked below
+# another of it loses this many standard deviations of the pool's scores; 0 turns it off.
+MEMORY_SESSION_DIVERSITY = env.float("MEMORY_SESSION_DIVERSITY", default=0.1)
 # POST /memory/context: the tokenizer that counts its budget (memory.tokens), and the default
 # relevance below which a memory is left out of a context (calibrated by bench/context.py).
 CONTEXT_TOKENIZER = env.str("CONTEXT_TOKENIZER", default="o200k_base")

@@ -4,13 +4,14 @@ import importlib
 import uuid
 from dataclasses import replace
 
+import numpy as np
 import pytest
 from django.apps import apps
 
 from memory.models import MemoryItem
 from memory.selectors import memory_search
 from memory.services import memory_store_many
-from memory.vector_index import neighbour_context
+from memory.vector_index import neighbour_context, session_diversity
 
 pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("vector_engine")]
 
@@ -73,6 +74,28 @@ def test_neighbour_context_adds_the_best_adjacent_score_above_the_floor_and_half
     }
     assert [pk for pk, _ in neighbour_context(hits, places, 0.5)] == [a, c, b, e, d]
     assert neighbour_context([], {}, 0.5) == []
+
+
+def test_session_diversity_lowers_each_further_hit_of_a_session():
+    a, b, c, d, e = (uuid.uuid4() for _ in range(5))
+    hits = [(a, 4.0), (b, 3.9), (c, 3.8), (d, 3.0), (e, 1.0)]
+    places = {a: ("s", 0), b: ("s", 1), c: ("s", 2), d: ("t", 0)}  # e: no session
+    step = float(np.std([score for _, score in hits]))  # 1.127: one standard deviation
+    # a first; b and c lose one and two steps for a (and b) of their session ranked before
+    # them, so d (another session) goes before them; e has no session and keeps its score.
+    assert session_diversity(hits, places, 1.0) == [
+        (a, 4.0),
+        (d, 3.0),
+        (b, pytest.approx(3.9 - step)),
+        (c, pytest.approx(3.8 - 2 * step)),
+        (e, 1.0),
+    ]
+    # A small penalty lowers the scores and keeps the order; none changes nothing.
+    gentle = session_diversity(hits, places, 0.1)
+    assert [pk for pk, _ in gentle] == [a, b, c, d, e]
+    assert [score for _, score in gentle] == sorted((score for _, score in gentle), reverse=True)
+    assert session_diversity(hits, places, 0.0) == hits
+    assert session_diversity([], {}, 1.0) == []
 
 
 TALK = [
@@ -162,6 +185,7 @@ def test_the_context_reads_the_whole_pool_not_only_the_hits_asked_for(settings, 
     from memory.vector_index import SearchFilter, get_vector_index
 
     monkeypatch.setattr(vector_index, "PREFETCH", 6)
+    settings.MEMORY_SESSION_DIVERSITY = 0.0  # the context's scores alone
     memory_store_many(items=[{"agent_id": "a", "content": c} for c in OTHERS])
     memory_store_many(items=[{"agent_id": "a", "session_id": "talk", "content": c} for c in TALK])
     query = "What did Caroline bring to the potluck at the community garden?"

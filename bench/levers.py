@@ -1151,9 +1151,18 @@ def lever_specs() -> list[tuple[str, dict[str, Any]]]:
         for p in (0.05, 0.1, 0.2)
     ]
     specs += [
-        (f"service + previous turn's words 0.3 + session diversity {p} over the whole pool",
-         {**today, "context_bm25": 0.3, "context_sides": "previous", "context_pool_own": True,
-          "context_pool_union": True, "session_penalty": p, "diversity_depth": 1000})
+        (
+            f"service + previous turn's words 0.3 + session diversity {p} over the whole pool",
+            {
+                **today,
+                "context_bm25": 0.3,
+                "context_sides": "previous",
+                "context_pool_own": True,
+                "context_pool_union": True,
+                "session_penalty": p,
+                "diversity_depth": 1000,
+            },
+        )
         for p in (0.1, 0.15)
     ]
     specs += [(f"query centering {a} alone", {"center": a}) for a in (0.5, 1.0)]

@@ -1134,7 +1134,7 @@ def session_diversity(
 ) -> list[tuple[Key, float]]:
     """`hits` (best first) ranked again, each hit of a session less `penalty` standard
     deviations of their scores per hit of its session ranked before it; ties keep their order."""
-    step = penalty * float(np.std([score for _, score in hits])) if hits else 0.0
+    step = penalty * float(np.std([score for _, score in hits])) if places else 0.0
     if not step:
         return list(hits)
     # Greedy, lazily: a hit's key is its score as it was when queued, which only falls as its

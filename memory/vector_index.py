@@ -15,9 +15,11 @@ The only modules importing the Qdrant clients are this one and memory.embeddings
 
 import ctypes
 import fcntl
+import functools
 import heapq
 import json
 import logging
+import operator
 import os
 import threading
 import time
@@ -909,15 +911,16 @@ class VectorIndex:
             points = [_point(row, embedder.model_name) for row in chunk]
             self.engine.upsert(points)
             self._unoptimized += len(chunk)
-            upserted.update(point.id for point in points)
-            now_at += _turns(point.payload for point in points)
+            if not changes.rebuild:  # a rebuild indexes every turn with its previous one
+                upserted.update(point.id for point in points)
+                now_at += _turns(point.payload for point in points)
         if not changes.rebuild:
-            followers = next_turns([*were, *now_at]).exclude(pk__in=upserted)
-            for chunk in _chunks(
-                index_rows(followers).iterator(chunk_size=APPLY_CHUNK), APPLY_CHUNK
-            ):
-                self.engine.upsert([_point(row, embedder.model_name) for row in chunk])
-                self._unoptimized += len(chunk)
+            followers = [pk for pk in next_turns([*were, *now_at]) if pk not in upserted]
+            for start in range(0, len(followers), APPLY_CHUNK):
+                ids = followers[start : start + APPLY_CHUNK]
+                rows = index_rows(MemoryItem.objects.filter(pk__in=ids))
+                self.engine.upsert([_point(row, embedder.model_name) for row in rows])
+                self._unoptimized += len(ids)
         if self.optimize_inline:
             started = time.perf_counter()
             self.engine.optimize()
@@ -1105,17 +1108,24 @@ def index_rows(items: QuerySet[MemoryItem]) -> QuerySet[Any]:
     )
 
 
-def next_turns(turns: Iterable[Turn]) -> QuerySet[MemoryItem]:
-    """The items one position after each of `turns` in their sessions."""
+def next_turns(turns: Iterable[Turn]) -> list[uuid.UUID]:
+    """The ids of the items one position after each of `turns` in their sessions. Asked a few
+    sessions at a time: a catch-up after a long pause can touch thousands, and SQLite refuses an
+    expression more than 1,000 deep or more than 32,766 parameters."""
     after: dict[tuple[str, str], set[int]] = defaultdict(set)
     for agent, session, position in turns:
         after[(agent, session)].add(position + 1)
-    if not after:
-        return MemoryItem.objects.none()
-    match = Q()
-    for (agent, session), positions in after.items():
-        match |= Q(agent_id=agent, session_id=session, position__in=positions)
-    return MemoryItem.objects.filter(match)
+    terms = [
+        Q(agent_id=agent, session_id=session, position__in=ordered[start : start + 200])
+        for (agent, session), positions in after.items()
+        for ordered in [sorted(positions)]
+        for start in range(0, len(ordered), 200)
+    ]
+    found: list[uuid.UUID] = []
+    for start in range(0, len(terms), 100):
+        match = functools.reduce(operator.or_, terms[start : start + 100])
+        found += MemoryItem.objects.filter(match).values_list("pk", flat=True)
+    return found
 
 
 # Session diversity (hybrid search): the neighbour context and the previous-turn words lift the

@@ -308,3 +308,23 @@ def test_an_edited_turns_new_words_reach_the_next_turn():
 
     assert holding_previous_words("potluck") == set()
     assert holding_previous_words("allotment") == {edited, TALK[1]}
+
+
+def test_the_next_turns_of_many_sessions_are_found_a_few_sessions_at_a_time(settings):
+    """A catch-up after a long pause can touch thousands of sessions: SQLite refuses one
+    expression over 1,000 deep, so they are asked in groups."""
+    from memory.vector_index import next_turns
+
+    settings.MEMORY_NEAR_DUPLICATE = 1.01  # keep every text: they are much alike
+
+    items = [
+        {"agent_id": "a", "session_id": f"s{n}", "content": f"{word} of talk {n}"}
+        for n in range(150)
+        for word in ("opening", "reply")
+    ]
+    memory_store_many(items=items)
+    firsts = [("a", f"s{n}", 0) for n in range(150)]
+    replies = MemoryItem.objects.filter(content__startswith="reply").values_list("pk", flat=True)
+    assert len(replies) == 150
+    assert sorted(next_turns(firsts)) == sorted(replies)
+    assert next_turns([]) == []

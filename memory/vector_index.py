@@ -897,10 +897,8 @@ class VectorIndex:
             self._rebuilt = True
         else:
             gone = list(changes.gone.values_list("point_id", flat=True))
-            changed = list(changes.changed.values_list("id", flat=True))
-            if gone or changed:
-                were = self.engine.turns([str(pk) for pk in (*gone, *changed)])
             if gone:
+                were = self.engine.turns([str(pk) for pk in gone])
                 self.engine.delete(gone)
                 self._unoptimized += len(gone)
         upserted: set[uuid.UUID] = set()
@@ -909,11 +907,12 @@ class VectorIndex:
             index_rows(changes.changed).iterator(chunk_size=APPLY_CHUNK), APPLY_CHUNK
         ):
             points = [_point(row, embedder.model_name) for row in chunk]
-            self.engine.upsert(points)
-            self._unoptimized += len(chunk)
             if not changes.rebuild:  # a rebuild indexes every turn with its previous one
+                were += self.engine.turns([str(point.id) for point in points])  # before the upsert
                 upserted.update(point.id for point in points)
                 now_at += _turns(point.payload for point in points)
+            self.engine.upsert(points)
+            self._unoptimized += len(chunk)
         if not changes.rebuild:
             followers = [pk for pk in next_turns([*were, *now_at]) if pk not in upserted]
             for start in range(0, len(followers), APPLY_CHUNK):
@@ -1007,15 +1006,15 @@ class VectorIndex:
         weight = settings.MEMORY_SENTENCE_WEIGHT
         previous_weight = settings.MEMORY_PREVIOUS_TURN_WEIGHT
         modes = ["sparse"] + [WITH_PREVIOUS] * bool(previous_weight) + [SENTENCES] * bool(weight)
-        bm25, *others = self.engine.pool_scores(
+        answers = self.engine.pool_scores(
             modes=modes, dense=dense, sparse=sparse, flt=replace(flt, point_ids=pool)
         )
-        bm25_scores = dict(bm25)
-        if previous_weight:
-            for pk, score in others.pop(0):
-                bm25_scores[pk] = bm25_scores.get(pk, 0.0) + previous_weight * score
-        if best := others:
-            best_sentence = dict(best[0])
+        scored = dict(zip(modes, answers, strict=True))
+        bm25_scores = dict(scored["sparse"])
+        for pk, score in scored.get(WITH_PREVIOUS, []):
+            bm25_scores[pk] = bm25_scores.get(pk, 0.0) + previous_weight * score
+        if SENTENCES in scored:
+            best_sentence = dict(scored[SENTENCES])
             dense_scores = {
                 pk: (1 - weight) * score + weight * best_sentence.get(pk, score)
                 for pk, score in dense_scores.items()

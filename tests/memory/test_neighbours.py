@@ -117,8 +117,8 @@ OTHERS = [
 ]
 
 
-def ranked(query, settings, weight):
-    settings.MEMORY_NEIGHBOUR_WEIGHT = weight
+def ranked(query, settings, weight, lever="MEMORY_NEIGHBOUR_WEIGHT"):
+    setattr(settings, lever, weight)
     return [hit.item.content for hit in memory_search(query=query, agent_id="a", limit=10)]
 
 
@@ -244,11 +244,6 @@ def test_an_index_made_before_it_held_places_is_rebuilt_with_them(settings):
     assert ranked(query, settings, weight) == with_context
 
 
-def ranked_with_previous(query, settings, weight):
-    settings.MEMORY_PREVIOUS_TURN_WEIGHT = weight
-    return [hit.item.content for hit in memory_search(query=query, agent_id="a", limit=10)]
-
-
 def test_a_turn_is_found_by_the_words_of_the_turn_before_it(settings):
     default = settings.MEMORY_PREVIOUS_TURN_WEIGHT
     assert default > 0
@@ -256,8 +251,8 @@ def test_a_turn_is_found_by_the_words_of_the_turn_before_it(settings):
     memory_store_many(items=[{"agent_id": "a", "content": c} for c in OTHERS])
     memory_store_many(items=[{"agent_id": "a", "session_id": "talk", "content": c} for c in TALK])
     query = "What did Caroline bring to the potluck at the community garden?"
-    without = ranked_with_previous(query, settings, 0.0)
-    with_words = ranked_with_previous(query, settings, default)
+    without = ranked(query, settings, 0.0, lever="MEMORY_PREVIOUS_TURN_WEIGHT")
+    with_words = ranked(query, settings, default, lever="MEMORY_PREVIOUS_TURN_WEIGHT")
     # The answer shares one word with the question ("Caroline"); the question before it, many.
     assert with_words.index(TALK[1]) < without.index(TALK[1]), (without, with_words)
     # The sparse mode searches each item's own words only.

@@ -157,6 +157,7 @@ Hit = tuple[str, float]
 Place = tuple[str, int]  # a conversation's turn: its session, and its position there
 Turn = tuple[str, str, int]  # a turn of any agent: its agent, session and position
 Key = TypeVar("Key", bound=Hashable)  # a point id, as the engine or the DB names it
+Item = TypeVar("Item")
 
 
 class Engine(Protocol):
@@ -915,8 +916,7 @@ class VectorIndex:
             self._unoptimized += len(chunk)
         if not changes.rebuild:
             followers = [pk for pk in next_turns([*were, *now_at]) if pk not in upserted]
-            for start in range(0, len(followers), APPLY_CHUNK):
-                ids = followers[start : start + APPLY_CHUNK]
+            for ids in _chunks(followers, APPLY_CHUNK):
                 rows = index_rows(MemoryItem.objects.filter(pk__in=ids))
                 self.engine.upsert([_point(row, embedder.model_name) for row in rows])
                 self._unoptimized += len(ids)
@@ -1115,14 +1115,13 @@ def next_turns(turns: Iterable[Turn]) -> list[uuid.UUID]:
     for agent, session, position in turns:
         after[(agent, session)].add(position + 1)
     terms = [
-        Q(agent_id=agent, session_id=session, position__in=ordered[start : start + 200])
+        Q(agent_id=agent, session_id=session, position__in=some)
         for (agent, session), positions in after.items()
-        for ordered in [sorted(positions)]
-        for start in range(0, len(ordered), 200)
+        for some in _chunks(sorted(positions), 200)
     ]
     found: list[uuid.UUID] = []
-    for start in range(0, len(terms), 100):
-        match = functools.reduce(operator.or_, terms[start : start + 100])
+    for group in _chunks(terms, 100):
+        match = functools.reduce(operator.or_, group)
         found += MemoryItem.objects.filter(match).values_list("pk", flat=True)
     return found
 
@@ -1166,10 +1165,10 @@ def session_diversity(
     return out
 
 
-def _chunks(rows: Iterable[tuple[Any, ...]], size: int) -> Iterable[list[tuple[Any, ...]]]:
-    chunk: list[tuple[Any, ...]] = []
-    for row in rows:
-        chunk.append(row)
+def _chunks(items: Iterable[Item], size: int) -> Iterable[list[Item]]:
+    chunk: list[Item] = []
+    for item in items:
+        chunk.append(item)
         if len(chunk) == size:
             yield chunk
             chunk = []

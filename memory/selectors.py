@@ -147,10 +147,12 @@ def memory_search(
     min_importance: float | None = None,
     max_sensitivity: str = "",
     min_relevance: float = 0.0,
+    session_diversity: float | None = None,
     rerank: bool = False,
 ) -> list[MemoryHit]:
     """Hybrid (dense + BM25, z-score fusion), dense or sparse search of one agent's memories:
-    the top `limit` hits, less those whose relevance is below `min_relevance`."""
+    the top `limit` hits, less those whose relevance is below `min_relevance`. Hybrid spreads
+    its hits over sessions by `session_diversity` (None: MEMORY_SESSION_DIVERSITY)."""
     reranker = get_reranker() if rerank else None
     now = timezone.now()
     embedder = get_embedder()
@@ -170,7 +172,12 @@ def memory_search(
     dense = embedder.embed_query(query)
     sparse = embedder.sparse_query(query)
     hits = get_vector_index().search(
-        mode=mode, dense=dense.tolist(), sparse=sparse, flt=flt, limit=pool
+        mode=mode,
+        dense=dense.tolist(),
+        sparse=sparse,
+        flt=flt,
+        limit=pool,
+        session_diversity=session_diversity,
     )
     # By primary key only: with an agent filter SQLite picks the agent index and reads every
     # row the agent has. The index already filtered agent and expiry; the DB has the last word.

@@ -238,6 +238,23 @@ class MemorySearchSerializer(serializers.Serializer):
         default=0.0,
         help_text="Leave out the hits whose relevance is below this (of the top `limit`).",
     )
+    session_diversity = StrictFloatField(
+        min_value=0,
+        max_value=100,
+        required=False,
+        help_text="Hybrid only: each hit of a session ranked below another of that session "
+        "loses this many standard deviations of the candidates' scores. Default "
+        "MEMORY_SESSION_DIVERSITY (0.1), tuned for finding turns; about 1 spreads the top hits "
+        "over as many sessions as are relevant (to find which conversations mention "
+        "something); 0 ranks by relevance alone.",
+    )
+
+    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        if "session_diversity" in attrs and attrs["mode"] != "hybrid":
+            raise serializers.ValidationError(
+                {"session_diversity": "Only hybrid search ranks by session; leave it out."}
+            )
+        return attrs
 
 
 RELEVANCE_HELP = (
@@ -253,7 +270,8 @@ class MemoryHitSerializer(serializers.Serializer):
             "Higher ranks first. hybrid: the sum of the dense (whole text and best sentence, "
             "MEMORY_SENTENCE_WEIGHT) and BM25 z-scores among the candidates (can be negative), "
             "plus the neighbour context of an episodic item stored with a session "
-            "(MEMORY_NEIGHBOUR_WEIGHT); dense: cosine similarity; "
+            "(MEMORY_NEIGHBOUR_WEIGHT), less the session diversity's cost to a further hit of "
+            "a session (session_diversity); dense: cosine similarity; "
             "sparse: BM25; with rerank: the cross-encoder's score."
         )
     )

@@ -956,15 +956,23 @@ class VectorIndex:
         flt: SearchFilter,
         limit: int,
         whole_pool: bool = False,
+        session_diversity: float | None = None,
     ) -> list[tuple[uuid.UUID, float]]:
         """The top `limit` hits; hybrid with `whole_pool`: every pooled candidate, ranked (the
-        pool is the same either way: each mode's top max(PREFETCH, limit))."""
+        pool is the same either way: each mode's top max(PREFETCH, limit)). Hybrid's session
+        diversity is `session_diversity`, or MEMORY_SESSION_DIVERSITY when None."""
         # One thread at a time: a shard is not shared between threads mid-update.
         with self._lock:
             try:
                 self._catch_up_unless_disk_full()
                 if mode == "hybrid":
-                    hits = self._hybrid_search(dense=dense, sparse=sparse, flt=flt, limit=limit)
+                    hits = self._hybrid_search(
+                        dense=dense,
+                        sparse=sparse,
+                        flt=flt,
+                        limit=limit,
+                        session_diversity=session_diversity,
+                    )
                     if not whole_pool:
                         hits = hits[:limit]
                 else:
@@ -991,7 +999,13 @@ class VectorIndex:
             logger.warning("vector index behind the DB until the disk has room: %s", exc)
 
     def _hybrid_search(
-        self, *, dense: list[float], sparse: SparseVector, flt: SearchFilter, limit: int
+        self,
+        *,
+        dense: list[float],
+        sparse: SparseVector,
+        flt: SearchFilter,
+        limit: int,
+        session_diversity: float | None = None,
     ) -> list[Hit]:
         """Two engine calls: the pool with its dense scores and places, then the pool's BM25 and
         best sentence scores. The whole pool, fused and given its neighbour context, best
@@ -1022,8 +1036,10 @@ class VectorIndex:
         fused = fuse_z_scores(pool, [dense_scores, bm25_scores])
         if neighbour_weight := settings.MEMORY_NEIGHBOUR_WEIGHT:
             fused = neighbour_context(fused, places, neighbour_weight)
-        if penalty := settings.MEMORY_SESSION_DIVERSITY:
-            fused = session_diversity(fused, places, penalty)
+        if session_diversity is None:
+            session_diversity = settings.MEMORY_SESSION_DIVERSITY
+        if session_diversity:
+            fused = diversify_sessions(fused, places, session_diversity)
         return fused
 
     def close(self) -> None:
@@ -1131,13 +1147,15 @@ def next_turns(turns: Iterable[Turn]) -> list[uuid.UUID]:
 # LoCoMo without them, 5.3 with), so a question whose answer lies in a session of its own finds
 # it further down. The ranking is made again greedily: each hit of a session (as the neighbour
 # context reads it) already ranked above it costs MEMORY_SESSION_DIVERSITY (0.1) standard
-# deviations of the pool's scores; that lowered score is the hit's `score`, so scores still fall
-# with the rank. Measured by bench/levers.py on LoCoMo with the previous-turn words: turn
-# recall@10 0.824 -> 0.815, strict 0.755 -> 0.746, session 0.941 -> 0.946 (BM25 alone: 0.941);
-# 0.05 and 0.2 gave 0.944 and 0.951 for turn recall 0.820 and 0.806. SciFact has no sessions.
+# deviations of the pool's scores, or the request's `session_diversity`; that lowered score is
+# the hit's `score`, so scores still fall with the rank. Measured by bench/levers.py on LoCoMo
+# with the previous-turn words: turn recall@10 0.824 -> 0.815, strict 0.755 -> 0.746, session
+# 0.941 -> 0.946 (BM25 alone: 0.941); 0.05 and 0.2 gave 0.944 and 0.951 for turn recall 0.820
+# and 0.806. A search for the sessions rather than the turns asks for more: 1.0 gave session
+# recall 0.965 for turn recall 0.740. SciFact has no sessions.
 
 
-def session_diversity(
+def diversify_sessions(
     hits: Sequence[tuple[Key, float]], places: dict[Key, Place], penalty: float
 ) -> list[tuple[Key, float]]:
     """`hits` (best first) ranked again, each hit of a session less `penalty` standard

@@ -187,6 +187,8 @@ def test_memory_round_trip(client, agent_id):
     only_tagged = client.memory_search(agent_id=agent_id, query="database", tags=["deploy"])
     assert [hit.item.point_id for hit in only_tagged.results] == [stored.point_id]
     assert 0 <= found.results[0].relevance <= 1
+    spread = client.memory_search(agent_id=agent_id, query="deploy", session_diversity=1.0)
+    assert spread.results[0].item.point_id == stored.point_id
     context = client.memory_context(
         agent_id=agent_id, query="how do I deploy?", token_budget=200, max_sensitivity="none"
     )
@@ -256,6 +258,9 @@ def test_bad_input_raises_with_the_field_errors(client, agent_id):
     assert bad.value.status == 400
     assert set(bad.value.field_errors) == {"limit", "mode"}
     assert "limit" in bad.value.message
+    with pytest.raises(BadRequestError) as not_hybrid:
+        client.memory_search(agent_id=agent_id, query="x", mode="dense", session_diversity=1.0)
+    assert set(not_hybrid.value.field_errors) == {"session_diversity"}
     with pytest.raises(BadRequestError) as nested:
         client.experience_record_many(
             items=[_experience(agent_id, 1), {**_experience(agent_id, 2), "test_result": {}}]

@@ -141,6 +141,9 @@ def test_bad_store_input_gets_400_and_writes_nothing(api_client, body):
         {"agent_id": "a", "query": "x", "limit": 101},
         {"agent_id": "a", "query": "x", "mode": "fuzzy"},
         {"agent_id": "a", "query": ""},
+        {"agent_id": "a", "query": "x", "session_diversity": -0.1},
+        {"agent_id": "a", "query": "x", "session_diversity": "1"},
+        {"agent_id": "a", "query": "x", "session_diversity": 0.5, "mode": "dense"},
     ],
 )
 def test_bad_search_input_gets_400(api_client, body):

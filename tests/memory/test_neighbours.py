@@ -11,7 +11,7 @@ from django.apps import apps
 from memory.models import MemoryItem
 from memory.selectors import memory_search
 from memory.services import memory_store_many
-from memory.vector_index import neighbour_context, session_diversity
+from memory.vector_index import diversify_sessions, neighbour_context
 
 pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("vector_engine")]
 
@@ -83,7 +83,7 @@ def test_session_diversity_lowers_each_further_hit_of_a_session():
     step = float(np.std([score for _, score in hits]))  # 1.127: one standard deviation
     # a first; b and c lose one and two steps for a (and b) of their session ranked before
     # them, so d (another session) goes before them; e has no session and keeps its score.
-    assert session_diversity(hits, places, 1.0) == [
+    assert diversify_sessions(hits, places, 1.0) == [
         (a, 4.0),
         (d, 3.0),
         (b, pytest.approx(3.9 - step)),
@@ -91,11 +91,11 @@ def test_session_diversity_lowers_each_further_hit_of_a_session():
         (e, 1.0),
     ]
     # A small penalty lowers the scores and keeps the order; none changes nothing.
-    gentle = session_diversity(hits, places, 0.1)
+    gentle = diversify_sessions(hits, places, 0.1)
     assert [pk for pk, _ in gentle] == [a, b, c, d, e]
     assert [score for _, score in gentle] == sorted((score for _, score in gentle), reverse=True)
-    assert session_diversity(hits, places, 0.0) == hits
-    assert session_diversity([], {}, 1.0) == []
+    assert diversify_sessions(hits, places, 0.0) == hits
+    assert diversify_sessions([], {}, 1.0) == []
 
 
 TALK = [
@@ -323,3 +323,37 @@ def test_the_next_turns_of_many_sessions_are_found_a_few_sessions_at_a_time(sett
     assert len(replies) == 150
     assert sorted(next_turns(firsts)) == sorted(replies)
     assert next_turns([]) == []
+
+
+GARDEN = [
+    "Caroline: I planted tomatoes and basil in the community garden this spring.",
+    "Melanie: Your tomatoes in the community garden look great, what soil do you use?",
+    "Caroline: Compost from the community garden, the tomatoes love it.",
+    "Melanie: I want to grow tomatoes in the community garden too next year.",
+]
+LATER = "Caroline: The garden club gave away tomato seedlings today."
+
+
+def test_a_search_may_ask_for_its_hits_spread_over_sessions(api_client):
+    """Four turns of one session outrank the one of another for the query; the default ranks
+    them above it, as does 0 (relevance alone); a higher session_diversity lifts the other
+    session's turn, up to right after the first."""
+    memory_store_many(items=[{"agent_id": "a", "content": c} for c in OTHERS])
+    memory_store_many(
+        items=[{"agent_id": "a", "session_id": "spring", "content": c} for c in GARDEN]
+    )
+    memory_store_many(items=[{"agent_id": "a", "session_id": "summer", "content": LATER}])
+
+    def turns(**options):
+        """The conversations' turns among the hits, best first."""
+        body = {"agent_id": "a", "query": "tomatoes in the community garden", **options}
+        response = api_client.post("/memory/search", body, format="json")
+        assert response.status_code == 200, response.json()
+        hits = [hit["item"]["content"] for hit in response.json()["results"]]
+        return [content for content in hits if content in [*GARDEN, LATER]]
+
+    assert turns(session_diversity=0).index(LATER) == 4
+    assert turns().index(LATER) == 4
+    # Each further turn of a session costs more: the other session's turn rises step by step.
+    assert turns(session_diversity=1).index(LATER) in (2, 3)
+    assert turns(session_diversity=100).index(LATER) == 1

@@ -159,9 +159,11 @@ class Operations:
         min_importance: float | None = None,
         max_sensitivity: Sensitivity | None = None,
         min_relevance: float | None = None,
+        session_diversity: float | None = None,
         rerank: bool | None = None,
     ) -> Call[MemorySearchResult]:
-        """Hybrid (default), dense or sparse search of an agent's memory, best first."""
+        """Hybrid (default), dense or sparse search of an agent's memory, best first. A hybrid
+        search's `session_diversity` of about 1 spreads the hits over sessions."""
         body = present(
             agent_id=agent_id,
             query=query,
@@ -175,6 +177,7 @@ class Operations:
             min_importance=min_importance,
             max_sensitivity=max_sensitivity,
             min_relevance=min_relevance,
+            session_diversity=session_diversity,
         )
         return Call(parsed(MemorySearchResult), query={"rerank": rerank}, body=body)
 

@@ -24,10 +24,22 @@ def memory_links(result: dict[str, Any], **kwargs: Any) -> dict[str, Any]:
     return add_links(result, LINKS)
 
 
-def context_one_share(result: dict[str, Any], **kwargs: Any) -> dict[str, Any]:
-    """drf-spectacular postprocessing hook: a context request gives recent_share or
-    memory_share, not both (a rule across fields a serializer cannot state)."""
-    request = result.get("components", {}).get("schemas", {}).get("MemoryContextRequest")
-    if request is not None:
-        request["not"] = {"required": ["recent_share", "memory_share"]}
+# Rules across fields that a serializer cannot state in the schema, as the request each
+# component refuses (`not`): a context request gives recent_share or memory_share, not both; a
+# search's session_diversity is for hybrid search alone.
+REFUSED: dict[str, dict[str, Any]] = {
+    "MemoryContextRequest": {"required": ["recent_share", "memory_share"]},
+    "MemorySearchRequest": {
+        "required": ["session_diversity", "mode"],
+        "properties": {"mode": {"enum": ["dense", "sparse"]}},
+    },
+}
+
+
+def cross_field_rules(result: dict[str, Any], **kwargs: Any) -> dict[str, Any]:
+    """drf-spectacular postprocessing hook: REFUSED, as each request component's `not`."""
+    schemas = result.get("components", {}).get("schemas", {})
+    for component, refused in REFUSED.items():
+        if component in schemas:
+            schemas[component]["not"] = refused
     return result

@@ -287,7 +287,7 @@ SPECTACULAR_SETTINGS = {
         "experience.schema.td_error_body_with_updates_is_a_batch",
         "experience.schema.experience_links",
         "memory.schema.memory_links",
-        "memory.schema.context_one_share",
+        "memory.schema.cross_field_rules",
         "sessions.schema.session_links",
     ],
     # Two `status` enums in the schema (a dream cycle's, and /health's ok/error): named here,

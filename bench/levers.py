@@ -166,6 +166,62 @@ def embedded(ds: Dataset) -> dict[str, np.ndarray]:
     return {"docs": docs, "queries": queries, "sentences": sent, "owner": owner}
 
 
+def token_states(ds: Dataset) -> dict[str, np.ndarray]:
+    """The model's token states (what its mean pooling averages; [CLS] and [SEP] out, each
+    normalised, float16) of every doc and query, flat with offsets, and a mask of the query
+    tokens that are content: not punctuation, not a stopword as qdrant's Bm25 drops them (a
+    "##" continuation counts as content). Cached beside the vectors."""
+    path = CACHE / f"{ds.name}-tokens.npz"
+    if path.exists():
+        return dict(np.load(path))
+    from qdrant_edge import Bm25, Bm25Config
+
+    from memory.embeddings import get_embedder
+
+    embedder = get_embedder()
+    embedder.embed_documents(["warm up"])  # loads the model and its tokenizer
+    model = embedder._dense.model  # fastembed's ONNX model: onnx_embed gives the token states
+    vocab = {i: piece for piece, i in model.tokenizer.get_vocab().items()}
+    bm25 = Bm25(Bm25Config())
+
+    def is_content(token_id: int) -> bool:
+        piece = vocab.get(token_id, "")
+        if piece.startswith("##"):
+            return True
+        return any(c.isalnum() for c in piece) and bool(bm25.embed_query(piece).indices)
+
+    def states(texts: list[str]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        flat, offsets, content = [], [0], []
+        for start in range(0, len(texts), 32):
+            batch = texts[start : start + 32]
+            out = model.onnx_embed(batch)
+            for row, mask, encoded in zip(
+                out.model_output, out.attention_mask, model.tokenize(batch), strict=True
+            ):
+                keep = mask.astype(bool)
+                tokens, ids = row[keep][1:-1], np.array(encoded.ids)[keep][1:-1]
+                if not len(tokens):
+                    tokens, ids = row[:1], np.array([0])
+                flat.append(tokens / np.linalg.norm(tokens, axis=1, keepdims=True))
+                content += [is_content(int(i)) for i in ids]
+                offsets.append(offsets[-1] + len(tokens))
+        return np.concatenate(flat).astype(np.float16), np.array(offsets), np.array(content)
+
+    start = time.perf_counter()
+    docs, doc_offsets, _ = states(ds.docs)
+    queries, query_offsets, query_content = states(ds.queries)
+    print(f"  {ds.name}: token states in {time.perf_counter() - start:.0f} s", file=sys.stderr)
+    np.savez(
+        path,
+        docs=docs,
+        doc_offsets=doc_offsets,
+        queries=queries,
+        query_offsets=query_offsets,
+        query_content=query_content,
+    )
+    return dict(np.load(path))
+
+
 # BM25 and the service's hybrid search, in numpy ------------------------------------------
 
 
@@ -349,6 +405,8 @@ class Bench:
         merged: str = "",
         merged_weight: float = 0.3,
         diversity_depth: int = DIVERSITY_DEPTH,
+        token_maxsim: float = 0.0,
+        token_query: str = "content",
     ) -> Run:
         matrix, model = self.bm25[bm25]
         ranked = []
@@ -449,6 +507,12 @@ class Bench:
                 fused = fuse(pool, shaped, sparse**sparse_power if sparse_power else sparse)
             else:
                 fused = fuse(pool, dense, sparse)
+            if token_maxsim:
+                # late interaction: each pooled item's MaxSim over the model's token states (the
+                # query's content tokens, or all of them), z-scored as a third signal
+                token = np.zeros(len(docs))
+                token[pool] = self.maxsim(q, docs[pool], token_query)
+                fused = fused + zfuse(pool, token, weights=(token_maxsim,))
             if sentence_signal:
                 # the best sentence as a third signal, z-scored on its own (not blended into
                 # the whole text's cosine), the whole text's weight lowered by as much
@@ -509,6 +573,24 @@ class Bench:
                 order = self._spread_sessions(order, spread)
             ranked.append(order)
         return Run(name, ranked)
+
+    def maxsim(self, q: int, pooled: np.ndarray, which: str) -> np.ndarray:
+        """MaxSim of query `q` with each of the `pooled` docs: each query token's best cosine
+        among the doc's tokens, summed (`which`: the query's "content" tokens, or "all")."""
+        if not hasattr(self, "tokens"):
+            self.tokens = token_states(self.ds)
+        t = self.tokens
+        span = slice(t["query_offsets"][q], t["query_offsets"][q + 1])
+        query = t["queries"][span].astype(np.float32)
+        if which == "content" and t["query_content"][span].any():
+            query = query[t["query_content"][span]]
+        starts, docs = t["doc_offsets"], t["docs"]
+        return np.array(
+            [
+                float((query @ docs[starts[d] : starts[d + 1]].astype(np.float32).T).max(1).sum())
+                for d in pooled
+            ]
+        )
 
     def _stems(self, text: str) -> list[int]:
         """The text's words as Bm25 stems them (its term ids), in order, stopwords dropped."""
@@ -1164,6 +1246,31 @@ def lever_specs() -> list[tuple[str, dict[str, Any]]]:
             },
         )
         for p in (0.1, 0.15)
+    ]
+    # Round eight: today's service (round six's levers; the diversity over the whole pool), then
+    # token-level late interaction over the query's content tokens or all of them.
+    service_now = {
+        **today,
+        "context_bm25": 0.3,
+        "context_sides": "previous",
+        "context_pool_own": True,
+        "context_pool_union": True,
+        "session_penalty": 0.1,
+        "diversity_depth": 1000,
+    }
+    specs += [("service of 2026-12-07", service_now)]
+    specs += [
+        (
+            f"service + token MaxSim {w} ({which} query tokens), session diversity {p}",
+            {**service_now, "token_maxsim": w, "token_query": which, "session_penalty": p},
+        )
+        for which, w, p in (
+            ("all", 1.0, 0.1),
+            ("content", 1.0, 0.1),
+            ("content", 1.0, 0.2),
+            ("content", 1.0, 0.25),
+            ("content", 1.5, 0.2),
+        )
     ]
     specs += [(f"query centering {a} alone", {"center": a}) for a in (0.5, 1.0)]
     specs += [(f"dense, query centering {a}", {"mode": "dense", "center": a}) for a in (0.5, 1.0)]

@@ -16,6 +16,7 @@ the other unchanged).
 from __future__ import annotations
 
 import argparse
+import functools
 import itertools
 import json
 import math
@@ -184,6 +185,7 @@ def token_states(ds: Dataset) -> dict[str, np.ndarray]:
     vocab = {i: piece for piece, i in model.tokenizer.get_vocab().items()}
     bm25 = Bm25(Bm25Config())
 
+    @functools.cache  # one Bm25 call per word piece of the vocabulary, not per token
     def is_content(token_id: int) -> bool:
         piece = vocab.get(token_id, "")
         if piece.startswith("##"):

@@ -193,7 +193,8 @@ def token_states(ds: Dataset) -> dict[str, np.ndarray]:
         return any(c.isalnum() for c in piece) and bool(bm25.embed_query(piece).indices)
 
     def states(texts: list[str]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        flat, offsets, content = [], [0], []
+        """The texts' token states, flat, with each text's offset and each token's id."""
+        flat, offsets, token_ids = [], [0], []
         for start in range(0, len(texts), 32):
             batch = texts[start : start + 32]
             out = model.onnx_embed(batch)
@@ -205,13 +206,14 @@ def token_states(ds: Dataset) -> dict[str, np.ndarray]:
                 if not len(tokens):
                     tokens, ids = row[:1], np.array([0])
                 flat.append(tokens / np.linalg.norm(tokens, axis=1, keepdims=True))
-                content += [is_content(int(i)) for i in ids]
+                token_ids.append(ids)
                 offsets.append(offsets[-1] + len(tokens))
-        return np.concatenate(flat).astype(np.float16), np.array(offsets), np.array(content)
+        return np.concatenate(flat).astype(np.float16), np.array(offsets), np.concatenate(token_ids)
 
     start = time.perf_counter()
     docs, doc_offsets, _ = states(ds.docs)
-    queries, query_offsets, query_content = states(ds.queries)
+    queries, query_offsets, query_ids = states(ds.queries)
+    query_content = np.array([is_content(int(i)) for i in query_ids])
     print(f"  {ds.name}: token states in {time.perf_counter() - start:.0f} s", file=sys.stderr)
     np.savez(
         path,

@@ -97,7 +97,7 @@ def agent_export(*, agent_id: str) -> Iterator[bytes]:
         ("memory_items", "memory_events", "experiences", "sessions", "dream_cycles"), 0
     )
     items = MemoryItem.objects.filter(agent_id=agent_id).order_by("created_at", "id")
-    vectors = ("embedding", "sentence_embeddings")
+    vectors = ("embedding", "sentence_embeddings", "token_embeddings")
     for row in items.values(*MEMORY_FIELDS, *vectors).iterator(chunk_size=CHUNK):
         for field in vectors:
             row[field] = base64.b64encode(bytes(row[field])).decode()

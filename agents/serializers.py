@@ -80,6 +80,10 @@ class MemoryLineSerializer(serializers.Serializer):
         max_length=40_000_000, allow_blank=True, required=False, trim_whitespace=False
     )
 
+    token_embeddings = StrictCharField(
+        max_length=40_000_000, allow_blank=True, required=False, trim_whitespace=False
+    )
+
     def validate_embedding(self, value: str) -> bytes:
         raw = _float32s(value)
         if not raw:
@@ -89,13 +93,20 @@ class MemoryLineSerializer(serializers.Serializer):
     def validate_sentence_embeddings(self, value: str) -> bytes:
         return _float32s(value)
 
+    def validate_token_embeddings(self, value: str) -> bytes:
+        return _base64(value)
+
+
+def _base64(value: str) -> bytes:
+    try:
+        return base64.b64decode(value, validate=True)
+    except binascii.Error:
+        raise serializers.ValidationError("Not base64.") from None
+
 
 def _float32s(value: str) -> bytes:
     """Base64 of finite little-endian float32 numbers, decoded (b"" for "")."""
-    try:
-        raw = base64.b64decode(value, validate=True)
-    except binascii.Error:
-        raise serializers.ValidationError("Not base64.") from None
+    raw = _base64(value)
     vector = np.frombuffer(raw, dtype="<f4") if len(raw) % 4 == 0 else None
     if vector is None or not np.isfinite(vector).all():
         raise serializers.ValidationError("Not finite float32 numbers.")

@@ -226,23 +226,27 @@ def agent_import(*, agent_id: str, lines: Iterable[bytes]) -> ImportResult:
         if item["embedding_model"] != embedder.model_name
         or len(item["embedding"]) != embedder.dim * 4
     ]
-    for start in range(0, len(stale), WRITE_BATCH):
-        batch = stale[start : start + WRITE_BATCH]
-        vectors = embedder.embed_documents([item["content"] for item in batch])
-        for item, vector in zip(batch, vectors, strict=True):
-            item["embedding"] = vector.astype("<f4").tobytes()
-            item.pop("sentence_embeddings", None)
-    # Sentence vectors of another model, of another size, or absent (an older export).
-    unsplit = [
+    # And those whose sentence or token vectors are of another size, or absent (an export
+    # made before items kept them).
+    stale_ids = {id(item) for item in stale}
+    unembedded = [
         item
         for _, item in memories
-        if len(item.get("sentence_embeddings", b"x")) % (embedder.dim * 4)
+        if id(item) in stale_ids
+        or len(item.get("sentence_embeddings", b"x")) % (embedder.dim * 4)
+        or not item.get("token_embeddings")
+        or len(item["token_embeddings"]) % embedder.dim
     ]
-    for start in range(0, len(unsplit), WRITE_BATCH):
-        batch = unsplit[start : start + WRITE_BATCH]
-        blobs = embedder.embed_sentences([item["content"] for item in batch])
-        for item, blob in zip(batch, blobs, strict=True):
-            item["sentence_embeddings"] = blob
+    for start in range(0, len(unembedded), WRITE_BATCH):
+        batch = unembedded[start : start + WRITE_BATCH]
+        embedded = embedder.embed_items([item["content"] for item in batch])
+        for item, vector, sentence_blob, token_blob in zip(
+            batch, embedded.vectors, embedded.sentences, embedded.tokens, strict=True
+        ):
+            if id(item) in stale_ids:
+                item["embedding"] = vector.astype("<f4").tobytes()
+            item["sentence_embeddings"] = sentence_blob
+            item["token_embeddings"] = token_blob
     imported = dict.fromkeys(KINDS, 0)
     skipped = dict.fromkeys(KINDS, 0)
     with transaction.atomic():

@@ -97,7 +97,9 @@ def main() -> None:
             for s in range(args.searches):
                 query = point(0)
                 flt = vi.SearchFilter(agent_id=AGENTS[s % len(AGENTS)], now=time.time())
-                index._hybrid_search(dense=query.dense, sparse=query.sparse, flt=flt, limit=10)
+                index._hybrid_search(
+                    dense=query.dense, sparse=query.sparse, tokens=[], flt=flt, limit=10
+                )
             engine.save_state({"cursor": step, "model": "churn"})
             if unoptimized >= vi.OPTIMIZE_AFTER_POINTS:
                 engine.optimize()  # builds, then reopens the shard and trims the C heap

@@ -90,58 +90,87 @@ def setup_django(data_dir: str, *, keep_near_duplicates: bool = True) -> None:
 
 
 def cache_embeddings(path: Path) -> None:
-    """Keep every dense vector the Embedder makes in an SQLite file at `path`, keyed by model
-    (and model path), kind (document or query) and text, and answer from it on later runs:
-    reruns of the quality benches then embed nothing (bench/levers.py fills the same file). The
-    service's code is unchanged; only its embedder's two methods are wrapped. Stores then run
-    faster than the service does, so their items/s are no store throughput."""
+    """Keep every vector the Embedder makes in an SQLite file at `path`, keyed by model (and
+    model path), kind (document, item, query or query tokens) and text, and answer from it on
+    later runs: reruns of the quality benches then embed nothing (bench/levers.py fills the
+    same file). The service's code is unchanged; only its embedder's methods are wrapped.
+    Stores then run faster than the service does, so their items/s are no store throughput."""
+    import pickle
+
     import numpy as np
 
-    from memory.embeddings import Embedder
+    from memory.embeddings import Embedder, ItemVectors
 
     path.parent.mkdir(parents=True, exist_ok=True)
     db = sqlite3.connect(path, timeout=120, check_same_thread=False)
     db.execute("CREATE TABLE IF NOT EXISTS vector (key BLOB PRIMARY KEY, value BLOB)")
     embed_documents, embed_query = Embedder.embed_documents, Embedder.embed_query
+    embed_items, embed_query_tokens = Embedder.embed_items, Embedder.embed_query_tokens
 
     def key(self: Embedder, kind: str, text: str) -> bytes:
         # A model read from FASTEMBED_MODEL_PATH is another model under the same name.
         model = f"{self.model_name}\0{self._model_path}" if self._model_path else self.model_name
-        if kind == "query" and self.int8_queries:
+        if kind.startswith("query") and self.int8_queries:
             model += "\0int8 queries"  # another model for queries (Embedder.embed_query)
         return hashlib.sha256(f"{model}\0{kind}\0{text}".encode()).digest()
 
-    def cached_documents(self: Embedder, texts: list[str]) -> Any:
-        keys = [key(self, "document", text) for text in texts]
+    def cached(
+        self: Embedder,
+        kind: str,
+        texts: list[str],
+        embed: Any,
+        dump: Any = lambda v: v.tobytes(),
+        load: Any = lambda b: np.frombuffer(b, dtype=np.float32).copy(),
+    ) -> list[Any]:
+        """Each text's value: `load` of what the file holds, or embedded by `embed(missing)`
+        (one value a text, kept as `dump` gives it)."""
+        keys = [key(self, kind, text) for text in texts]
         found: dict[bytes, Any] = {}
         for offset in range(0, len(keys), 500):
             chunk = keys[offset : offset + 500]
             marks = ",".join("?" * len(chunk))
             rows = db.execute(f"SELECT key, value FROM vector WHERE key IN ({marks})", chunk)
-            found.update((k, np.frombuffer(v, dtype=np.float32)) for k, v in rows)
+            found.update((k, load(v)) for k, v in rows)
         missing = sorted({i for i, k in enumerate(keys) if k not in found})
         if missing:
-            fresh = embed_documents(self, [texts[i] for i in missing])
-            new = [(keys[i], vector.tobytes()) for i, vector in zip(missing, fresh, strict=True)]
-            db.executemany("INSERT OR REPLACE INTO vector VALUES (?, ?)", new)
+            fresh = embed([texts[i] for i in missing])
+            pairs = list(zip([keys[i] for i in missing], fresh, strict=True))
+            db.executemany(
+                "INSERT OR REPLACE INTO vector VALUES (?, ?)", [(k, dump(v)) for k, v in pairs]
+            )
             db.commit()
-            found.update((keys[i], vector) for i, vector in zip(missing, fresh, strict=True))
+            found.update(pairs)
+        return [found[k] for k in keys]
+
+    def cached_documents(self: Embedder, texts: list[str]) -> Any:
         if not texts:
             return embed_documents(self, texts)
-        return np.stack([found[k] for k in keys]).astype(np.float32)
+        vectors = cached(self, "document", texts, lambda some: list(embed_documents(self, some)))
+        return np.stack(vectors).astype(np.float32)
 
     def cached_query(self: Embedder, text: str) -> Any:
-        k = key(self, "query", text)
-        row = db.execute("SELECT value FROM vector WHERE key = ?", (k,)).fetchone()
-        if row is not None:
-            return np.frombuffer(row[0], dtype=np.float32).copy()
-        vector = embed_query(self, text)
-        db.execute("INSERT OR REPLACE INTO vector VALUES (?, ?)", (k, vector.tobytes()))
-        db.commit()
-        return vector
+        return cached(self, "query", [text], lambda some: [embed_query(self, some[0])])[0]
+
+    def cached_items(self: Embedder, texts: list[str]) -> Any:
+        if not texts:
+            return embed_items(self, texts)
+
+        def embed(some: list[str]) -> list[Any]:
+            made = embed_items(self, some)
+            return list(zip(made.vectors, made.sentences, made.tokens, strict=True))
+
+        rows = cached(self, "item", texts, embed, pickle.dumps, pickle.loads)
+        vectors, sentence_blobs, token_blobs = zip(*rows, strict=True)
+        return ItemVectors(np.stack(vectors), list(sentence_blobs), list(token_blobs))
+
+    def cached_query_tokens(self: Embedder, text: str) -> Any:
+        embed = lambda some: [embed_query_tokens(self, some[0])]  # noqa: E731
+        return cached(self, "query tokens", [text], embed, pickle.dumps, pickle.loads)[0]
 
     Embedder.embed_documents = cached_documents  # type: ignore[method-assign]
     Embedder.embed_query = cached_query  # type: ignore[method-assign]
+    Embedder.embed_items = cached_items  # type: ignore[method-assign]
+    Embedder.embed_query_tokens = cached_query_tokens  # type: ignore[method-assign]
 
 
 @dataclass

@@ -8,7 +8,8 @@ in a fresh temporary data folder. Each part is one function that prints one tabl
   agent and (b) spread over 100 agents. Embedding 10^5 texts through the model would take most
   of an hour here, so the rows are written straight to the DB: real short texts (LoCoMo turns,
   each with a numbered suffix to make it unique) with random unit vectors as their embedding
-  (and one per sentence, as sentence vectors, for a text of two or more),
+  (and one per sentence, as sentence vectors, for a text of two or more, and random int8 token
+  vectors, one per word piece of the text as the model's tokenizer cuts it),
   all in one transaction under one "memory" revision, exactly as ``memory_store_many`` would
   leave them. The vector index is then rebuilt from the DB (timed: reading the rows, BM25 of
   each text, upserting into qdrant-edge). Queries are real questions (LoCoMo), embedded per
@@ -96,11 +97,14 @@ def load_items(n: int, agents: list[str], turns: list[str], seed: int) -> float:
     from django.utils import timezone
 
     from ferrum_memory.core.revisions import revision_take
-    from memory.embeddings import sentences
+    from memory.embeddings import get_embedder, sentences
     from memory.models import MemoryItem
     from memory.services import content_hash
 
     rng = np.random.default_rng(seed)
+    embedder = get_embedder()
+    embedder.embed_documents(["load the model and its tokenizer"])
+    tokenizer = embedder._dense.model.tokenizer
     start = time.perf_counter()
     MemoryItem.objects.all().delete()  # one DELETE (no relations); no tombstones: rebuilt next
     now = timezone.now()
@@ -111,9 +115,11 @@ def load_items(n: int, agents: list[str], turns: list[str], seed: int) -> float:
             vectors = rng.standard_normal((size, 384)).astype("<f4")
             vectors /= np.linalg.norm(vectors, axis=1, keepdims=True)
             rows = []
+            contents = [f"{turns[(offset + j) % len(turns)]} (#{offset + j})" for j in range(size)]
+            token_counts = [len(e.ids) - 2 for e in tokenizer.encode_batch(contents)]
             for j in range(size):
                 i = offset + j
-                content = f"{turns[i % len(turns)]} (#{i})"
+                content = contents[j]
                 # as stored: a vector per sentence when there are two or more (random too)
                 count = len(sentences(content))
                 parts = rng.standard_normal((count if count > 1 else 0, 384)).astype("<f4")
@@ -126,6 +132,9 @@ def load_items(n: int, agents: list[str], turns: list[str], seed: int) -> float:
                         created_at=now,
                         embedding=vectors[j].tobytes(),
                         sentence_embeddings=parts.tobytes(),
+                        token_embeddings=rng.integers(
+                            -127, 128, (token_counts[j], 384), dtype=np.int8
+                        ).tobytes(),
                         embedding_model=settings.FASTEMBED_MODEL,
                         revision=revision,
                     )
@@ -166,23 +175,28 @@ def time_searches(
 
 
 def time_index(
-    questions: list[str], agents: list[str], repeats: int, mode: str = "hybrid"
+    questions: list[str], agents: list[str], repeats: int, mode: str = "hybrid", tokens: bool = True
 ) -> list[float]:
     """Wall time in ms of the vector index's search alone (catch-up check included), with the
-    queries embedded beforehand: the part of a search the index engine costs."""
+    queries embedded beforehand: the part of a search the index engine costs; hybrid without
+    `tokens` leaves the late interaction out."""
     from django.utils import timezone
 
     from memory.embeddings import get_embedder
     from memory.vector_index import SearchFilter, get_vector_index
 
     embedder, index = get_embedder(), get_vector_index()
-    queries = [(embedder.embed_query(q).tolist(), embedder.sparse_query(q)) for q in questions]
+    queries = []
+    for question in questions:
+        embedded = embedder.embed_query_tokens(question)
+        tokens_of = embedded.tokens.tolist() if tokens and mode == "hybrid" else []
+        queries.append((embedded.vector.tolist(), embedder.sparse_query(question), tokens_of))
     times = []
     for i in range(repeats):
-        (dense, sparse), agent = queries[i % len(queries)], agents[i % len(agents)]
+        (dense, sparse, query_tokens), agent = queries[i % len(queries)], agents[i % len(agents)]
         flt = SearchFilter(agent_id=agent, now=timezone.now().timestamp())
         start = time.perf_counter_ns()
-        index.search(mode=mode, dense=dense, sparse=sparse, flt=flt, limit=10)
+        index.search(mode=mode, dense=dense, sparse=sparse, tokens=query_tokens, flt=flt, limit=10)
         times.append((time.perf_counter_ns() - start) / 1e6)
     return times
 
@@ -213,6 +227,9 @@ def part_latency(args: argparse.Namespace) -> None:
             times, fewest = time_searches(questions, agents, args.repeats, args.warmup)
             p50, p95 = percentiles(times)
             index_p50, index_p95 = percentiles(time_index(questions, agents, args.repeats))
+            untokened_p50 = percentiles(time_index(questions, agents, args.repeats, tokens=False))[
+                0
+            ]
             single_p50 = [
                 percentiles(time_index(questions, agents, args.repeats, mode))[0]
                 for mode in ("dense", "sparse")
@@ -229,6 +246,7 @@ def part_latency(args: argparse.Namespace) -> None:
                     f"{p50:.1f}",
                     f"{p95:.1f}",
                     f"{index_p50:.1f} / {index_p95:.1f}",
+                    f"{untokened_p50:.1f}",
                     " / ".join(f"{ms:.1f}" for ms in single_p50),
                     str(fewest),
                     target,
@@ -250,6 +268,7 @@ def part_latency(args: argparse.Namespace) -> None:
             "p50 ms",
             "p95 ms",
             "index alone p50 / p95 ms",
+            "index alone, no tokens, p50 ms",
             "dense / BM25 alone p50 ms",
             "min hits",
             "target",
@@ -264,8 +283,9 @@ def part_latency(args: argparse.Namespace) -> None:
         "LoCoMo texts, written straight to the DB; index build = rebuild from the DB (BM25 of "
         "every text + upsert + building the per-agent HNSW graphs), as after `memory_reindex` or a "
         "lost shard; index alone = the vector index's search with the query embedded beforehand "
-        "(hybrid: one query for the pool of both modes' top 50 with dense scores, one for their "
-        "BM25 scores, and the fusion), beside each single mode's."
+        "(hybrid: one query for the pool of each mode's top 50 with dense scores, one for their "
+        "BM25, best sentence and token MaxSim scores, and the fusion), beside the same without "
+        "the token MaxSim (the query's tokens not sent) and each single mode's."
     )
 
 

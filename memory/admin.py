@@ -27,7 +27,7 @@ class MemoryItemAdmin(admin.ModelAdmin):
     list_filter = ("kind", "source", "sensitivity", "agent_id")
     search_fields = ("content",)
     show_full_result_count = False
-    exclude = ("embedding", "sentence_embeddings")
+    exclude = ("embedding", "sentence_embeddings", "token_embeddings")
     readonly_fields = ("history",)
 
     def has_add_permission(self, request: HttpRequest) -> bool:

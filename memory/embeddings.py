@@ -6,6 +6,7 @@ fastembed reads a model folder; we assemble one under the data folder from those
 """
 
 import contextlib
+import functools
 import importlib.util
 import json
 import logging
@@ -54,6 +55,12 @@ CHARS_PER_TOKEN = 4
 SENTENCE_END = re.compile(r"(?<=[.!?])\s+(?=[A-Z0-9\"'(\[])")
 MAX_SENTENCES = 32
 
+# Token vectors, for hybrid search's late interaction (memory.vector_index): the model's state of
+# each of a text's word pieces ([CLS] and [SEP] left out; the item's own vector is their mean),
+# kept as int8, each token scaled by its largest component (a cosine does not see the scale),
+# 384 bytes a token: 16.7 KB for a LoCoMo turn of 44 tokens on average.
+TOKEN_DTYPE = np.int8
+
 # How long a process embeds queries by the documents' model after the int8 one could not be
 # made, before it tries again.
 QUERY_MODEL_RETRY_SECONDS = 60.0
@@ -67,6 +74,24 @@ logger = logging.getLogger(__name__)
 class SparseVector:
     indices: list[int]
     values: list[float]
+
+
+@dataclass(frozen=True)
+class ItemVectors:
+    """What an item is stored with: its vector, its sentences' (sentence_blobs) and its tokens'
+    (token_blob), one row or blob per text."""
+
+    vectors: "FloatMatrix"
+    sentences: list[bytes]
+    tokens: list[bytes]
+
+
+@dataclass(frozen=True)
+class QueryVectors:
+    """A query's vector and its content tokens' vectors (rows, unit length)."""
+
+    vector: "npt.NDArray[np.float32]"
+    tokens: "FloatMatrix"
 
 
 def _minilm_int8_dir(root: Path) -> Path:
@@ -232,24 +257,54 @@ class Embedder:
         kwargs: dict[str, Any] = {"specific_model_path": path} if path else {}
         return TextEmbedding(self.model_name, threads=settings.FASTEMBED_THREADS, **kwargs)
 
+    def embed_documents(self, texts: list[str]) -> FloatMatrix:
+        return self._embed(texts, keep_tokens=0)[0]
+
     @traced(
         "embedding.documents",
-        lambda self, texts: {"model": self.model_name, "batch_size": len(texts)},
-        latency=lambda self, texts: _observed("documents", len(texts)),
+        lambda self, texts, **_: {"model": self.model_name, "batch_size": len(texts)},
+        latency=lambda self, texts, **_: _observed("documents", len(texts)),
     )
-    def embed_documents(self, texts: list[str]) -> FloatMatrix:
+    def _embed(self, texts: list[str], *, keep_tokens: int) -> tuple[FloatMatrix, list[bytes]]:
+        """`texts`' vectors, in batches of like length, and the token blobs of the first
+        `keep_tokens` texts."""
         if not texts:
-            return np.zeros((0, self.dim), dtype=np.float32)
+            return np.zeros((0, self.dim), dtype=np.float32), []
         by_length = np.argsort([len(text) for text in texts], kind="stable")
         ordered = [texts[i] for i in by_length]
-        embedded = [
-            vector
-            for batch in document_batches(ordered)
-            for vector in self._dense.embed(batch, batch_size=len(batch))
-        ]
+        keep = by_length < keep_tokens
         vectors = np.empty((len(texts), self.dim), dtype=np.float32)
-        vectors[by_length] = np.stack(embedded)
-        return _normalised(vectors)
+        tokens = [b""] * keep_tokens
+        done = 0
+        for batch in document_batches(ordered):
+            rows = slice(done, done + len(batch))
+            pooled, states = self._forward(self._dense, batch, bool(keep[rows].any()))
+            vectors[by_length[rows]] = pooled
+            for i, (token_states, _) in zip(by_length[rows], states, strict=False):
+                if i < keep_tokens:  # with no token states, `states` is empty
+                    tokens[i] = token_blob(token_states)
+            done += len(batch)
+        return _normalised(vectors), tokens
+
+    def _forward(
+        self, fastembed_model: Any, texts: list[str], with_tokens: bool
+    ) -> tuple[FloatMatrix, list[tuple[FloatMatrix, npt.NDArray[np.int64]]]]:
+        """One pass of the model over `texts`: their vectors as fastembed pools them and, with
+        `with_tokens`, each text's token states and token ids (none for a model that gives no
+        token states)."""
+        model = fastembed_model.model  # fastembed's ONNX model under TextEmbedding
+        if model.model is None:  # a lazily loaded one: its ONNX session not yet made
+            model.load_onnx_model()
+        output = model.onnx_embed(texts)
+        pooled = np.stack(list(model._post_process_onnx_output(output)))
+        states, masks, ids = output.model_output, output.attention_mask, output.input_ids
+        if not with_tokens or states.ndim != 3 or masks is None or ids is None:
+            return pooled, []
+        tokens = []
+        for row, mask, row_ids in zip(states, masks.astype(bool), ids, strict=True):
+            keep = np.flatnonzero(mask)[1:-1] if mask.sum() > 2 else np.array([0])
+            tokens.append((row[keep], row_ids[keep]))
+        return pooled, tokens
 
     def embed_sentences(self, texts: list[str]) -> list[bytes]:
         """Each text's sentence vectors (float32, little-endian, one after another) when it has
@@ -257,12 +312,14 @@ class Embedder:
         split = [sentences(text) for text in texts]
         return _sentence_blobs(split, self.embed_documents(_split_sentences(split)))
 
-    def embed_with_sentences(self, texts: list[str]) -> tuple[FloatMatrix, list[bytes]]:
-        """embed_documents(texts) and embed_sentences(texts) in one batch: one model call, whose
-        length sort mixes the texts with their sentences."""
+    def embed_items(self, texts: list[str]) -> ItemVectors:
+        """The texts' vectors, sentence vectors and token vectors: one model call, whose length
+        sort mixes the texts with their sentences."""
         split = [sentences(text) for text in texts]
-        vectors = self.embed_documents([*texts, *_split_sentences(split)])
-        return vectors[: len(texts)], _sentence_blobs(split, vectors[len(texts) :])
+        vectors, tokens = self._embed([*texts, *_split_sentences(split)], keep_tokens=len(texts))
+        return ItemVectors(
+            vectors[: len(texts)], _sentence_blobs(split, vectors[len(texts) :]), tokens
+        )
 
     @traced(
         "embedding.query",
@@ -276,6 +333,32 @@ class Embedder:
         0.995 on average (0.986 at worst, 500 LoCoMo questions and turns) to the float32
         one that documents get. Retrieval with it: bench/retrieval.py, README."""
         return _normalised(np.stack(list(self._query.query_embed(text))))[0]
+
+    @traced(
+        "embedding.query",
+        lambda self, text: {"model": self.model_name, "batch_size": 1},
+        latency=lambda self, text: _observed("query", 1),
+    )
+    def embed_query_tokens(self, text: str) -> QueryVectors:
+        """embed_query(text) and, from the same pass, the vectors of its content tokens: the
+        word pieces that are neither punctuation nor a word BM25 leaves out as a stopword (all
+        of them when none is). Late interaction over those measured better than over every
+        token (bench/README.md, round eight)."""
+        pooled, states = self._forward(self._query, [text], with_tokens=True)
+        tokens = np.zeros((0, self.dim), dtype=np.float32)
+        if states:
+            tokens, ids = states[0]
+            content = np.array([self._is_content(int(token)) for token in ids])
+            if content.any():
+                tokens = tokens[content]
+        return QueryVectors(_normalised(pooled)[0], _normalised(tokens))
+
+    @functools.lru_cache(maxsize=32_768)  # noqa: B019 (one Embedder a process)
+    def _is_content(self, token_id: int) -> bool:
+        piece = self._query.model.tokenizer.id_to_token(token_id) or ""
+        if piece.startswith("##"):  # the rest of a word
+            return True
+        return any(c.isalnum() for c in piece) and bool(self._bm25.embed_query(piece).indices)
 
     def sparse_document(self, text: str) -> SparseVector:
         vector = self._bm25.embed_document(text)
@@ -325,6 +408,18 @@ def _sentence_blobs(split: list[list[str]], vectors: FloatMatrix) -> list[bytes]
         blobs.append(vectors[start : start + count].tobytes())
         start += count
     return blobs
+
+
+def token_blob(states: FloatMatrix) -> bytes:
+    """Token states as stored (TOKEN_DTYPE): each scaled so its largest component is 127."""
+    largest = np.abs(states).max(axis=1, keepdims=True)
+    scaled = states / np.where(largest > 0, largest, 1.0) * 127
+    return np.rint(scaled).astype(TOKEN_DTYPE).tobytes()
+
+
+def token_vectors(blob: bytes, dim: int) -> FloatMatrix:
+    """A token blob's vectors as float32 rows (not unit length: scored by cosine)."""
+    return np.frombuffer(blob, dtype=TOKEN_DTYPE).reshape(-1, dim).astype(np.float32)
 
 
 def _observed(kind: str, batch_size: int) -> Any:

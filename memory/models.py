@@ -66,6 +66,11 @@ class MemoryItem(models.Model):
     # more (memory.embeddings.sentences); empty otherwise. Hybrid search scores an item by its
     # best sentence too; kept here so that an index rebuild embeds nothing.
     sentence_embeddings = models.BinaryField(blank=True, default=b"")
+    # Its word pieces' vectors (memory.embeddings.token_blob: int8, `embedding`'s width, one
+    # after another), from the pass that made `embedding`: hybrid search's late interaction
+    # scores an item by them. Empty for an item stored before items kept them, until
+    # `manage.py memory_reindex` fills them in.
+    token_embeddings = models.BinaryField(blank=True, default=b"")
     embedding_model = models.CharField(max_length=200)
     # Of the "memory" revision counter: the write that last changed what the index holds.
     revision = models.BigIntegerField(db_index=True)

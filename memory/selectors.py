@@ -58,7 +58,9 @@ def memory_list(
 ) -> QuerySet[MemoryItem]:
     """An agent's live items, newest first; filters as GET /memory/ names them. Every tag
     given must be on the item."""
-    queryset = memory_visible(agent_ids=agent_ids).defer("embedding", "sentence_embeddings")
+    queryset = memory_visible(agent_ids=agent_ids).defer(
+        "embedding", "sentence_embeddings", "token_embeddings"
+    )
     for field in ("agent_id", "session_id", "kind", "source", "sensitivity"):
         if filters.get(field):
             queryset = queryset.filter(**{field: filters[field]})
@@ -169,19 +171,24 @@ def memory_search(
     )
     pool = limit * RERANK_POOL if reranker else limit
     # Embedded in every mode: the cosine is half of every hit's relevance.
-    dense = embedder.embed_query(query)
+    # The content tokens come from the same pass: only hybrid search reads them.
+    embedded = embedder.embed_query_tokens(query)
+    dense = embedded.vector
     sparse = embedder.sparse_query(query)
     hits = get_vector_index().search(
         mode=mode,
         dense=dense.tolist(),
         sparse=sparse,
+        tokens=embedded.tokens.tolist() if mode == "hybrid" else (),
         flt=flt,
         limit=pool,
         session_diversity=session_diversity,
     )
     # By primary key only: with an agent filter SQLite picks the agent index and reads every
     # row the agent has. The index already filtered agent and expiry; the DB has the last word.
-    rows = MemoryItem.objects.defer("sentence_embeddings").in_bulk([pk for pk, _ in hits])
+    rows = MemoryItem.objects.defer("sentence_embeddings", "token_embeddings").in_bulk(
+        [pk for pk, _ in hits]
+    )
     query_terms = set(sparse.indices)
     found = []
     for pk, score in hits:

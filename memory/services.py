@@ -23,7 +23,7 @@ from ferrum_memory.core.revisions import (
     revision_take,
 )
 
-from .embeddings import get_embedder, sentences
+from .embeddings import ItemVectors, get_embedder, sentences
 from .models import REVISION, MemoryEvent, MemoryItem, MemoryTombstone, sensitivity_rank
 from .vector_index import EmbeddingModelMismatch, SearchFilter, get_vector_index
 
@@ -141,12 +141,12 @@ def memory_store_many(
     memory_check_model()
     embedder = get_embedder()
     contents = [item["content"] for item in items]
-    vectors, sentence_vectors = embedder.embed_with_sentences(contents)
-    near = [_near_duplicate(item["agent_id"], vectors[i], now) for i, item in enumerate(items)]
+    embedded = embedder.embed_items(contents)
+    near = [
+        _near_duplicate(item["agent_id"], embedded.vectors[i], now) for i, item in enumerate(items)
+    ]
     with transaction.atomic():
-        results = _store_rows(
-            items, vectors, sentence_vectors, near, now, embedder.model_name, actor
-        )
+        results = _store_rows(items, embedded, near, now, embedder.model_name, actor)
     indexed = memory_index_now()
     return [StoredMemory(item, duplicate, indexed) for item, duplicate in results]
 
@@ -157,8 +157,7 @@ def _live(now: datetime) -> QuerySet[MemoryItem]:
 
 def _store_rows(
     items: Sequence[dict[str, Any]],
-    vectors: np.ndarray,
-    sentence_vectors: list[bytes],
+    embedded: ItemVectors,
     near: list[str | None],
     now: datetime,
     model: str,
@@ -169,8 +168,8 @@ def _store_rows(
     events: list[MemoryEvent] = []
     stored_in_batch: list[tuple[str, np.ndarray, MemoryItem]] = []
     next_position: dict[tuple[str, str], int] = {}
-    for item, vector, sentence_blob, near_id in zip(
-        items, vectors, sentence_vectors, near, strict=True
+    for item, vector, sentence_blob, token_blob, near_id in zip(
+        items, embedded.vectors, embedded.sentences, embedded.tokens, near, strict=True
     ):
         digest = content_hash(item["content"])
         # Live items only, as the near-duplicate search: merged into an expired item (which
@@ -224,6 +223,7 @@ def _store_rows(
             expires_at=now + timedelta(seconds=ttl) if ttl else None,
             embedding=vector.astype("<f4").tobytes(),
             sentence_embeddings=sentence_blob,
+            token_embeddings=token_blob,
             embedding_model=model,
             revision=revision,
         )
@@ -358,12 +358,12 @@ def memory_update(
     other item, and both histories say so."""
     now = now or timezone.now()
     content = changes.get("content")
-    vector, near_id, sentence_blob = None, None, b""
+    vector, near_id, embedded = None, None, None
     embedder = get_embedder()
     if content is not None and content != item.content:
         memory_check_model()
-        vectors, blobs = embedder.embed_with_sentences([content])
-        vector, sentence_blob = vectors[0], blobs[0]
+        embedded = embedder.embed_items([content])
+        vector = embedded.vectors[0]
         near_id = _near_duplicate(item.agent_id, vector, now, exclude=item.pk)
     with transaction.atomic():
         # The revision first: its row lock orders this write after any other, so the version
@@ -382,7 +382,7 @@ def memory_update(
         if "ttl_seconds" in changes:
             ttl = changes["ttl_seconds"]
             row.expires_at = now + timedelta(seconds=ttl) if ttl else None
-        if vector is not None:
+        if vector is not None and embedded is not None:
             digest = content_hash(content or "")
             target = (
                 _live(now)
@@ -400,7 +400,8 @@ def memory_update(
             row.content = content or ""
             row.content_hash = digest
             row.embedding = vector.astype("<f4").tobytes()
-            row.sentence_embeddings = sentence_blob
+            row.sentence_embeddings = embedded.sentences[0]
+            row.token_embeddings = embedded.tokens[0]
             row.embedding_model = embedder.model_name
         changed = _diff(before, _snapshot(row))
         if not changed:
@@ -455,8 +456,8 @@ def _merge_into(
 
 
 def memory_reindex(*, batch: int = 64) -> int:
-    """Re-embed every item whose model is not the configured one, embed the sentences of items
-    stored before their sentence vectors were kept, then rebuild the index."""
+    """Re-embed every item whose model is not the configured one, embed the sentences and the
+    tokens of items stored before their vectors were kept, then rebuild the index."""
     from .vector_index import reset_vector_index
 
     embedder = get_embedder()
@@ -466,18 +467,22 @@ def memory_reindex(*, batch: int = 64) -> int:
             "id", "content"
         )[:batch]
     ):
-        vectors, sentence_vectors = embedder.embed_with_sentences([content for _, content in rows])
+        embedded = embedder.embed_items([content for _, content in rows])
         with transaction.atomic():
             revision = revision_take(name=REVISION)
-            for (pk, _), vector, blob in zip(rows, vectors, sentence_vectors, strict=True):
+            for (pk, _), vector, sentence_blob, token_blob in zip(
+                rows, embedded.vectors, embedded.sentences, embedded.tokens, strict=True
+            ):
                 MemoryItem.objects.filter(pk=pk).update(
                     embedding=vector.astype("<f4").tobytes(),
-                    sentence_embeddings=blob,
+                    sentence_embeddings=sentence_blob,
+                    token_embeddings=token_blob,
                     embedding_model=embedder.model_name,
                     revision=revision,
                 )
         redone += len(rows)
     _fill_sentence_vectors(batch)
+    _fill_token_vectors(batch)
     reset_model_check()
     get_vector_index().rebuild()  # drop whatever it held and refill it from the DB
     reset_vector_index()
@@ -497,6 +502,20 @@ def _fill_sentence_vectors(batch: int) -> None:
             revision = revision_take(name=REVISION)
             for (pk, _), blob in zip(rows, blobs, strict=True):
                 MemoryItem.objects.filter(pk=pk).update(sentence_embeddings=blob, revision=revision)
+
+
+def _fill_token_vectors(batch: int) -> None:
+    """Token vectors for the items stored before items kept them (a model that gives no token
+    states leaves them empty)."""
+    embedder = get_embedder()
+    empty = list(MemoryItem.objects.filter(token_embeddings=b"").values_list("id", "content"))
+    for start in range(0, len(empty), batch):
+        rows = empty[start : start + batch]
+        blobs = embedder.embed_items([content for _, content in rows]).tokens
+        with transaction.atomic():
+            revision = revision_take(name=REVISION)
+            for (pk, _), blob in zip(rows, blobs, strict=True):
+                MemoryItem.objects.filter(pk=pk).update(token_embeddings=blob, revision=revision)
 
 
 class RerankUnavailable(ServiceError):

@@ -136,20 +136,22 @@ def test_a_file_from_another_embedding_model_is_re_embedded(engines):
     assert same_searches(searches(client), before)
 
 
-def test_sentence_vectors_move_with_the_item_and_an_older_file_gets_them(engines):
+def test_sentence_and_token_vectors_move_with_the_item_and_an_older_file_gets_them(engines):
     client = client_for()
     loaded(client)
     # No word of the queries: BM25's statistics of the erased copies must not matter (loaded).
     long = "The garden needs water. The roses bloomed early. Tomatoes come next month."
     client.post("/memory/store", {"agent_id": AGENT, "content": long}, format="json")
-    stored = bytes(MemoryItem.objects.get(agent_id=AGENT, content=long).sentence_embeddings)
-    assert len(stored) == 3 * 384 * 4
+    row = MemoryItem.objects.get(agent_id=AGENT, content=long)
+    stored, tokens = bytes(row.sentence_embeddings), bytes(row.token_embeddings)
+    assert len(stored) == 3 * 384 * 4 and len(tokens) > 0 and len(tokens) % 384 == 0
     before = searches(client)
     lines = export(client)
     older = []
     for raw in lines:
         record = orjson.loads(raw)
         record.pop("sentence_embeddings", None)  # as exported before items kept them
+        record.pop("token_embeddings", None)
         older.append(orjson.dumps(record))
     for file in (lines, older):
         ok(client.delete(f"/agents/{AGENT}"))
@@ -158,6 +160,10 @@ def test_sentence_vectors_move_with_the_item_and_an_older_file_gets_them(engines
         item = MemoryItem.objects.get(agent_id=AGENT, content=long)
         again = np.frombuffer(bytes(item.sentence_embeddings), dtype=np.float32)
         assert np.allclose(again, np.frombuffer(stored, dtype=np.float32), atol=1e-5)
+        again_tokens = np.frombuffer(bytes(item.token_embeddings), dtype=np.int8)
+        kept = np.frombuffer(tokens, dtype=np.int8)
+        assert again_tokens.shape == kept.shape
+        assert np.abs(again_tokens.astype(int) - kept).max() <= 1  # int8 of the same states
         assert same_searches(searches(client), before)
 
 

@@ -118,7 +118,7 @@ def test_a_server_building_graphs_is_marked_busy_and_skipped(servers, settings, 
     # the server stopped being busy; the graphs it built are on disk.
     reopened = builder.index.engine._need_shard()
     assert reopened is not shard
-    assert reopened.info().indexed_vectors_count == 3 * len(texts)
+    assert reopened.info().indexed_vectors_count == 4 * len(texts)
     assert len(indexed_ids(builder.index, "a", "harbour")) == len(texts)
     assert builder.optimize_when_due() is False  # nothing added since
 

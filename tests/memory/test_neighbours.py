@@ -192,10 +192,12 @@ def test_the_context_reads_the_whole_pool_not_only_the_hits_asked_for(settings, 
     embedder = get_embedder()
     weight = settings.MEMORY_NEIGHBOUR_WEIGHT
     settings.MEMORY_NEIGHBOUR_WEIGHT = 0.0
+    embedded = embedder.embed_query_tokens(query)
     pool = get_vector_index().search(
         mode="hybrid",
-        dense=embedder.embed_query(query).tolist(),
+        dense=embedded.vector.tolist(),
         sparse=embedder.sparse_query(query),
+        tokens=embedded.tokens.tolist(),
         flt=SearchFilter(agent_id="a", now=0.0),
         limit=1,
         whole_pool=True,
@@ -221,6 +223,7 @@ def test_an_index_made_before_it_held_places_is_rebuilt_with_them(settings):
     from memory.embeddings import get_embedder
     from memory.vector_index import _fingerprint, _point, get_vector_index, index_rows
 
+    settings.MEMORY_SESSION_DIVERSITY = 0.0  # it reads the places too: the context alone
     memory_store_many(items=[{"agent_id": "a", "content": c} for c in OTHERS])
     memory_store_many(items=[{"agent_id": "a", "session_id": "talk", "content": c} for c in TALK])
     query = "What did Caroline bring to the potluck at the community garden?"

@@ -204,9 +204,9 @@ def test_dense_scores_stay_exact_once_the_index_holds_int8_copies(settings, tmp_
     index = VectorIndex(EdgeEngine(tmp_path / "edge"))
     index.catch_up()
     shard = index.engine._need_shard().info()  # type: ignore[attr-defined]
-    # Every vector of every point (dense, BM25 and BM25 with the previous turn's words) sits
-    # in indexed segments.
-    assert shard.points_count == len(texts) and shard.indexed_vectors_count == 3 * len(texts)
+    # Every vector of every point (dense, BM25, BM25 with the previous turn's words and the
+    # tokens) sits in indexed segments.
+    assert shard.points_count == len(texts) and shard.indexed_vectors_count == 4 * len(texts)
 
     call = query_args("the blue report")
     hits = index.search(mode="dense", limit=10, **call)

@@ -411,6 +411,7 @@ class Bench:
         diversity_depth: int = DIVERSITY_DEPTH,
         token_maxsim: float = 0.0,
         token_query: str = "content",
+        token_top: int = 0,
     ) -> Run:
         matrix, model = self.bm25[bm25]
         ranked = []
@@ -515,7 +516,15 @@ class Bench:
                 # late interaction: each pooled item's MaxSim over the model's token states (the
                 # query's content tokens, or all of them), z-scored as a third signal
                 token = np.zeros(len(docs))
-                token[pool] = self.maxsim(q, docs[pool], token_query)
+                scored = pool
+                if token_top:
+                    # only the fused pool's top `token_top` are scored; the rest take the
+                    # lowest of those scores (they cannot climb past a scored item by it)
+                    scored = pool[np.argsort(-fused, kind="stable")[:token_top]]
+                token[scored] = self.maxsim(q, docs[scored], token_query)
+                if token_top:
+                    outside = np.setdiff1d(pool, scored)
+                    token[outside] = token[scored].min()
                 fused = fused + zfuse(pool, token, weights=(token_maxsim,))
             if sentence_signal:
                 # the best sentence as a third signal, z-scored on its own (not blended into
@@ -1275,6 +1284,21 @@ def lever_specs() -> list[tuple[str, dict[str, Any]]]:
             ("content", 1.0, 0.25),
             ("content", 1.5, 0.2),
         )
+    ]
+    # Round nine: the token MaxSim of the fused pool's top K only (its cost falls with K).
+    specs += [
+        (
+            f"service + token MaxSim {w} of the top {k}, session diversity {p}",
+            {
+                **service_now,
+                "token_maxsim": w,
+                "token_query": "content",
+                "token_top": k,
+                "session_penalty": p,
+            },
+        )
+        for k in (30, 50)
+        for w, p in ((1.0, 0.25), (1.25, 0.25))
     ]
     specs += [(f"query centering {a} alone", {"center": a}) for a in (0.5, 1.0)]
     specs += [(f"dense, query centering {a}", {"mode": "dense", "center": a}) for a in (0.5, 1.0)]

@@ -244,7 +244,7 @@ class MemorySearchSerializer(serializers.Serializer):
         required=False,
         help_text="Hybrid only: each hit of a session ranked below another of that session "
         "loses this many standard deviations of the candidates' scores. Default "
-        "MEMORY_SESSION_DIVERSITY (0.1), tuned for finding turns; about 1 spreads the top hits "
+        "MEMORY_SESSION_DIVERSITY (0.25), tuned for finding turns; about 1 spreads the top hits "
         "over as many sessions as are relevant (to find which conversations mention "
         "something); 0 ranks by relevance alone.",
     )

@@ -79,11 +79,15 @@ MODES = ("dense", "sparse")  # what hybrid search fuses
 # item's tokens, summed. Hybrid search scores its pool by it and adds MEMORY_TOKEN_WEIGHT times
 # its z-score to the fusion (an item without token vectors, stored before items kept them, gets
 # the pool's mean). It finds a turn that says the query's words in other words, which neither
-# the whole text's vector (one mean) nor BM25 (the same words) does. Measured by
-# bench/levers.py (round eight) with session diversity 0.25: LoCoMo turn recall@10 0.815 ->
-# 0.816, strict 0.746 -> 0.748, session 0.946 -> 0.960, Hit@1 0.436 -> 0.447; SciFact nDCG@10
-# 0.745 -> 0.744. The index keeps them as float16 and scores them on its int8 copies (a pool of
-# 150 items of 44 tokens: 0.7 ms; rescored with the float16 ones: 2.0 ms).
+# the whole text's vector (one mean) nor BM25 (the same words) does. Measured through the
+# service (bench/retrieval.py, merging off), with the session diversity raised from 0.1 to 0.25:
+# LoCoMo turn recall@10 0.815 -> 0.816, strict 0.746 -> 0.747, session 0.947 -> 0.962, Hit@1
+# 0.436 -> 0.453; SciFact nDCG@10 0.745 -> 0.743. Weight 1 gave session recall 0.958 at
+# diversity 0.25 and strict recall 0.740 at 0.3; 1.5 at 0.2 gave 0.960. Scoring only the fused
+# pool's top 30 or 50 (a third of the cost) lost LoCoMo 0.002 to 0.007 of session recall
+# (bench/levers.py). The index keeps the vectors as float16 and scores them so: int8 copies
+# would hold 17 KB a turn in RAM (1.7 GB at 10^5 turns), and scored on them a pool's ranks
+# moved with where the segments happened to be indexed (0.002 of session recall between runs).
 # What an index holds besides the model's vectors: an index built without it is rebuilt.
 # "places": each point's position in its session, for the neighbour context (below);
 # "previous": the WITH_PREVIOUS vectors; "tokens": the TOKENS multivectors.
@@ -276,30 +280,32 @@ class EdgeEngine:
         # and an agent below HNSW_FULL_SCAN_KB is scanned exactly through the agent_id index.
         # The other fields only filter: a graph per value of each (enable_hnsw) would multiply
         # the indexing time for nothing.
-        # The sentences are only ever scored for a hybrid search's pool (filtered by id): no
-        # graph for them.
+        # The dense vectors have int8 copies (INT8_QUANTILE); the sentences are only ever
+        # scored for a hybrid search's pool (filtered by id): no graph for them.
+        int8 = ScalarQuantizationConfig(ScalarType.Int8, quantile=INT8_QUANTILE, always_ram=True)
+        pool_only = HnswIndexConfig(
+            m=0, payload_m=0, ef_construct=HNSW_EF_CONSTRUCT, full_scan_threshold=0
+        )
         sentences = EdgeVectorParams(
             size=dim,
             distance=Distance.Cosine,
             multivector_config=MultiVectorConfig(MultiVectorComparator.MaxSim),
-            hnsw_config=HnswIndexConfig(
-                m=0, payload_m=0, ef_construct=HNSW_EF_CONSTRUCT, full_scan_threshold=0
-            ),
+            quantization_config=int8,
+            hnsw_config=pool_only,
         )
-        # The tokens likewise, at half the float32 size (the int8 copies score them once a
-        # segment is indexed).
+        # The tokens likewise, but as float16 and without int8 copies (see TOKENS).
         tokens = EdgeVectorParams(
             size=dim,
             distance=Distance.Cosine,
             multivector_config=MultiVectorConfig(MultiVectorComparator.MaxSim),
             datatype=VectorStorageDatatype.Float16,
-            hnsw_config=HnswIndexConfig(
-                m=0, payload_m=0, ef_construct=HNSW_EF_CONSTRUCT, full_scan_threshold=0
-            ),
+            hnsw_config=pool_only,
         )
         config = EdgeConfig(
             vectors={
-                DENSE: EdgeVectorParams(size=dim, distance=Distance.Cosine),
+                DENSE: EdgeVectorParams(
+                    size=dim, distance=Distance.Cosine, quantization_config=int8
+                ),
                 SENTENCES: sentences,
                 TOKENS: tokens,
             },
@@ -309,9 +315,6 @@ class EdgeEngine:
                 payload_m=HNSW_M,
                 ef_construct=HNSW_EF_CONSTRUCT,
                 full_scan_threshold=HNSW_FULL_SCAN_KB,
-            ),
-            quantization_config=ScalarQuantizationConfig(
-                ScalarType.Int8, quantile=INT8_QUANTILE, always_ram=True
             ),
             optimizers=EdgeOptimizersConfig(indexing_threshold=HNSW_FULL_SCAN_KB),
             max_search_threads=_search_threads(),
@@ -642,30 +645,37 @@ class ServerEngine:
 
         if self._client.collection_exists(self._collection):
             self._client.delete_collection(self._collection)
-        sentences = models.VectorParams(
-            size=dim,
-            distance=models.Distance.COSINE,
-            multivector_config=models.MultiVectorConfig(
-                comparator=models.MultiVectorComparator.MAX_SIM
-            ),
-            hnsw_config=models.HnswConfigDiff(m=0),
+        int8 = models.ScalarQuantization(
+            scalar=models.ScalarQuantizationConfig(
+                type=models.ScalarType.INT8, quantile=INT8_QUANTILE, always_ram=True
+            )
         )
+        pool_only = models.HnswConfigDiff(m=0)
+        max_sim = models.MultiVectorConfig(comparator=models.MultiVectorComparator.MAX_SIM)
+        cosine = models.Distance.COSINE
         self._client.create_collection(
             self._collection,
             vectors_config={
-                DENSE: models.VectorParams(size=dim, distance=models.Distance.COSINE),
-                SENTENCES: sentences,
-                TOKENS: sentences.model_copy(update={"datatype": models.Datatype.FLOAT16}),
+                DENSE: models.VectorParams(size=dim, distance=cosine, quantization_config=int8),
+                SENTENCES: models.VectorParams(
+                    size=dim,
+                    distance=cosine,
+                    multivector_config=max_sim,
+                    hnsw_config=pool_only,
+                    quantization_config=int8,
+                ),
+                TOKENS: models.VectorParams(
+                    size=dim,
+                    distance=cosine,
+                    multivector_config=max_sim,
+                    hnsw_config=pool_only,
+                    datatype=models.Datatype.FLOAT16,
+                ),
             },
             sparse_vectors_config={
                 name: models.SparseVectorParams(modifier=models.Modifier.IDF)
                 for name in (SPARSE, WITH_PREVIOUS)
             },
-            quantization_config=models.ScalarQuantization(
-                scalar=models.ScalarQuantizationConfig(
-                    type=models.ScalarType.INT8, quantile=INT8_QUANTILE, always_ram=True
-                )
-            ),
         )
         self._client.create_payload_index(
             self._collection,
@@ -1225,13 +1235,15 @@ def next_turns(turns: Iterable[Turn]) -> list[uuid.UUID]:
 # turns around a strong hit, which gathers the top 10 into fewer sessions (6.6 distinct on
 # LoCoMo without them, 5.3 with), so a question whose answer lies in a session of its own finds
 # it further down. The ranking is made again greedily: each hit of a session (as the neighbour
-# context reads it) already ranked above it costs MEMORY_SESSION_DIVERSITY (0.1) standard
+# context reads it) already ranked above it costs MEMORY_SESSION_DIVERSITY (0.25) standard
 # deviations of the pool's scores, or the request's `session_diversity`; that lowered score is
 # the hit's `score`, so scores still fall with the rank. Measured by bench/levers.py on LoCoMo
 # with the previous-turn words: turn recall@10 0.824 -> 0.815, strict 0.755 -> 0.746, session
-# 0.941 -> 0.946 (BM25 alone: 0.941); 0.05 and 0.2 gave 0.944 and 0.951 for turn recall 0.820
-# and 0.806. A search for the sessions rather than the turns asks for more: 1.0 gave session
-# recall 0.965 for turn recall 0.740. SciFact has no sessions.
+# 0.941 -> 0.946 at 0.1 (BM25 alone: 0.941); 0.05 and 0.2 gave 0.944 and 0.951 for turn recall
+# 0.820 and 0.806. The token MaxSim lifts the turns that answer, which leaves room for more:
+# with it, 0.25 (the default since) gave 0.816 / 0.747 / 0.962 through the service. A search
+# for the sessions rather than the turns asks for more: 1.0 gave session recall 0.973 for turn
+# recall 0.753. SciFact has no sessions.
 
 
 def diversify_sessions(

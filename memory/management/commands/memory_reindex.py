@@ -7,8 +7,8 @@ from memory.services import memory_reindex
 
 class Command(BaseCommand):
     help = (
-        "Re-embed memory items made by another model (and the sentences of items stored without "
-        "sentence vectors), then rebuild the vector index from the DB."
+        "Re-embed memory items made by another model (and the sentences and word pieces of "
+        "items stored without their vectors), then rebuild the vector index from the DB."
     )
 
     def handle(self, *args: Any, **options: Any) -> None:

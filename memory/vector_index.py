@@ -81,10 +81,10 @@ MODES = ("dense", "sparse")  # what hybrid search fuses
 # the pool's mean). It finds a turn that says the query's words in other words, which neither
 # the whole text's vector (one mean) nor BM25 (the same words) does. Measured through the
 # service (bench/retrieval.py, merging off), with the session diversity raised from 0.1 to 0.25:
-# LoCoMo turn recall@10 0.815 -> 0.816, strict 0.746 -> 0.747, session 0.947 -> 0.962, Hit@1
-# 0.436 -> 0.453; SciFact nDCG@10 0.745 -> 0.743. Weight 1 gave session recall 0.958 at
+# LoCoMo turn recall@10 0.815 -> 0.816, strict 0.746 -> 0.747, session 0.947 -> 0.960, Hit@1
+# 0.436 -> 0.452; SciFact nDCG@10 0.745 -> 0.743. Weight 1 gave session recall 0.958 at
 # diversity 0.25 and strict recall 0.740 at 0.3; 1.5 at 0.2 gave 0.960. Scoring only the fused
-# pool's top 30 or 50 (a third of the cost) lost LoCoMo 0.002 to 0.007 of session recall
+# pool's top 30 or 50 (a third of the cost) lost LoCoMo 0.002 to 0.005 of session recall
 # (bench/levers.py). The index keeps the vectors as float16 and scores them so: int8 copies
 # would hold 17 KB a turn in RAM (1.7 GB at 10^5 turns), and scored on them a pool's ranks
 # moved with where the segments happened to be indexed (0.002 of session recall between runs).
@@ -1241,7 +1241,7 @@ def next_turns(turns: Iterable[Turn]) -> list[uuid.UUID]:
 # with the previous-turn words: turn recall@10 0.824 -> 0.815, strict 0.755 -> 0.746, session
 # 0.941 -> 0.946 at 0.1 (BM25 alone: 0.941); 0.05 and 0.2 gave 0.944 and 0.951 for turn recall
 # 0.820 and 0.806. The token MaxSim lifts the turns that answer, which leaves room for more:
-# with it, 0.25 (the default since) gave 0.816 / 0.747 / 0.962 through the service. A search
+# with it, 0.25 (the default since) gave 0.816 / 0.747 / 0.960 through the service. A search
 # for the sessions rather than the turns asks for more: 1.0 gave session recall 0.973 for turn
 # recall 0.753. SciFact has no sessions.
 

@@ -312,6 +312,10 @@ class Embedder:
         split = [sentences(text) for text in texts]
         return _sentence_blobs(split, self.embed_documents(_split_sentences(split)))
 
+    def embed_tokens(self, texts: list[str]) -> list[bytes]:
+        """Each text's token blob (token_blob), b"" from a model that gives no token states."""
+        return self._embed(texts, keep_tokens=len(texts))[1]
+
     def embed_items(self, texts: list[str]) -> ItemVectors:
         """The texts' vectors, sentence vectors and token vectors: one model call, whose length
         sort mixes the texts with their sentences."""

@@ -358,13 +358,12 @@ def memory_update(
     other item, and both histories say so."""
     now = now or timezone.now()
     content = changes.get("content")
-    vector, near_id, embedded = None, None, None
+    near_id, embedded = None, None
     embedder = get_embedder()
     if content is not None and content != item.content:
         memory_check_model()
         embedded = embedder.embed_items([content])
-        vector = embedded.vectors[0]
-        near_id = _near_duplicate(item.agent_id, vector, now, exclude=item.pk)
+        near_id = _near_duplicate(item.agent_id, embedded.vectors[0], now, exclude=item.pk)
     with transaction.atomic():
         # The revision first: its row lock orders this write after any other, so the version
         # read next is the committed one (SQLite could not upgrade an older read snapshot).
@@ -382,7 +381,7 @@ def memory_update(
         if "ttl_seconds" in changes:
             ttl = changes["ttl_seconds"]
             row.expires_at = now + timedelta(seconds=ttl) if ttl else None
-        if vector is not None and embedded is not None:
+        if embedded is not None:
             digest = content_hash(content or "")
             target = (
                 _live(now)
@@ -399,7 +398,7 @@ def memory_update(
                 return StoredMemory(merged, duplicate, memory_index_now())
             row.content = content or ""
             row.content_hash = digest
-            row.embedding = vector.astype("<f4").tobytes()
+            row.embedding = embedded.vectors[0].astype("<f4").tobytes()
             row.sentence_embeddings = embedded.sentences[0]
             row.token_embeddings = embedded.tokens[0]
             row.embedding_model = embedder.model_name
@@ -511,7 +510,7 @@ def _fill_token_vectors(batch: int) -> None:
     empty = list(MemoryItem.objects.filter(token_embeddings=b"").values_list("id", "content"))
     for start in range(0, len(empty), batch):
         rows = empty[start : start + batch]
-        blobs = embedder.embed_items([content for _, content in rows]).tokens
+        blobs = embedder.embed_tokens([content for _, content in rows])
         with transaction.atomic():
             revision = revision_take(name=REVISION)
             for (pk, _), blob in zip(rows, blobs, strict=True):

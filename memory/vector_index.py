@@ -570,7 +570,7 @@ def _pool(hits: Sequence[Any]) -> tuple[list[Hit], dict[str, Place]]:
 
 
 def _edge_query(
-    mode: str, dense: list[float], sparse: SparseVector, tokens: list[list[float]] | None = None
+    mode: str, dense: list[float], sparse: SparseVector, tokens: Sequence[list[float]] = ()
 ) -> tuple[Any, Any]:
     """One mode's query and search params; dense hits are rescored with the float vectors, the
     tokens' MaxSim is not (it ranks a pool that is already there)."""
@@ -583,7 +583,7 @@ def _edge_query(
     if mode == SENTENCES:  # MaxSim of one query vector: the best sentence's cosine
         return Query.Nearest([dense], using=SENTENCES), rescored
     if mode == TOKENS:
-        return Query.Nearest(tokens or [dense], using=TOKENS), None
+        return Query.Nearest(list(tokens), using=TOKENS), None
     using = WITH_PREVIOUS if mode == WITH_PREVIOUS else SPARSE
     return Query.Nearest(EdgeSparse(sparse.indices, sparse.values), using=using), None
 
@@ -594,7 +594,7 @@ def _edge_request(
     sparse: SparseVector,
     flt: Any,
     limit: int,
-    tokens: list[list[float]] | None = None,
+    tokens: Sequence[list[float]] = (),
 ) -> Any:
     from qdrant_edge import QueryRequest
 
@@ -821,7 +821,7 @@ class ServerEngine:
 
 
 def _server_query(
-    mode: str, dense: list[float], sparse: SparseVector, tokens: list[list[float]] | None = None
+    mode: str, dense: list[float], sparse: SparseVector, tokens: Sequence[list[float]] = ()
 ) -> tuple[Any, str, Any]:
     """One mode's query, vector name and search params, as _edge_query's."""
     from qdrant_client import models
@@ -832,7 +832,7 @@ def _server_query(
     if mode == SENTENCES:
         return [dense], SENTENCES, rescored
     if mode == TOKENS:
-        return tokens or [dense], TOKENS, None
+        return list(tokens), TOKENS, None
     using = WITH_PREVIOUS if mode == WITH_PREVIOUS else SPARSE
     return models.SparseVector(indices=sparse.indices, values=sparse.values), using, None
 

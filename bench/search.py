@@ -227,9 +227,9 @@ def part_latency(args: argparse.Namespace) -> None:
             times, fewest = time_searches(questions, agents, args.repeats, args.warmup)
             p50, p95 = percentiles(times)
             index_p50, index_p95 = percentiles(time_index(questions, agents, args.repeats))
-            untokened_p50 = percentiles(time_index(questions, agents, args.repeats, tokens=False))[
-                0
-            ]
+            untokened_p50, _ = percentiles(
+                time_index(questions, agents, args.repeats, tokens=False)
+            )
             single_p50 = [
                 percentiles(time_index(questions, agents, args.repeats, mode))[0]
                 for mode in ("dense", "sparse")

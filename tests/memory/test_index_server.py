@@ -53,12 +53,18 @@ def servers(request, settings, tmp_path):
 
 
 def _wait_for(path: Path, seconds: float = 10) -> None:
+    """Wait until the server at `path` accepts connections. The socket file exists from
+    bind(), before listen(): a connect in between is refused (CI once saw both servers so)."""
     # A server coming up is waited for with a deadline, not timed.
     for _ in range(int(seconds / 0.02)):
-        if path.exists():
-            return
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+            try:
+                probe.connect(str(path))
+                return
+            except (FileNotFoundError, ConnectionRefusedError):
+                pass
         threading.Event().wait(0.02)
-    raise AssertionError(f"{path} never appeared")
+    raise AssertionError(f"{path} never accepted a connection")
 
 
 @pytest.mark.django_db(transaction=True)

@@ -39,6 +39,18 @@ def test_an_item_keeps_a_vector_for_each_of_its_word_pieces():
     assert float(unit(unit(tokens).mean(axis=0, keepdims=True))[0] @ stored) > 0.99
 
 
+def test_the_pass_that_keeps_the_tokens_gives_fastembeds_own_vectors():
+    """The service runs the model and pools its token states itself (to keep them): the items'
+    vectors must stay fastembed's, whatever the texts' lengths. Batched otherwise (by length),
+    a vector may differ in its last bit; pooled without [CLS] and [SEP], as the stored tokens
+    are cut, it would differ by more than 0.05."""
+    embedder = get_embedder()
+    texts = [*TEXTS, "Short.", " ".join(TEXTS * 4)]
+    theirs = np.stack(list(embedder._dense.embed(texts)))
+    assert np.abs(embedder.embed_items(texts).vectors - theirs).max() < 1e-6
+    assert np.abs(embedder.embed_documents(texts) - theirs).max() < 1e-6
+
+
 def test_int8_keeps_each_token_vector_within_a_thousandth_of_cosine():
     states = np.random.default_rng(7).normal(size=(50, 384)).astype(np.float32)
     again = token_vectors(token_blob(states), 384)

@@ -16,6 +16,8 @@ from sessions.working_memory import get_working_memory
 FORMAT = "ferrum-memory-agent"
 FORMAT_VERSION = 1
 CHUNK = 2_000
+# Memory items are read fewer at a time: with their word pieces' vectors one is 10 to 100 KB.
+ITEM_CHUNK = 200
 
 MEMORY_FIELDS = (
     "id",
@@ -98,7 +100,7 @@ def agent_export(*, agent_id: str) -> Iterator[bytes]:
     )
     items = MemoryItem.objects.filter(agent_id=agent_id).order_by("created_at", "id")
     vectors = ("embedding", "sentence_embeddings", "token_embeddings")
-    for row in items.values(*MEMORY_FIELDS, *vectors).iterator(chunk_size=CHUNK):
+    for row in items.values(*MEMORY_FIELDS, *vectors).iterator(chunk_size=ITEM_CHUNK):
         for field in vectors:
             row[field] = base64.b64encode(bytes(row[field])).decode()
         counts["memory_items"] += 1

@@ -56,9 +56,9 @@ SENTENCE_END = re.compile(r"(?<=[.!?])\s+(?=[A-Z0-9\"'(\[])")
 MAX_SENTENCES = 32
 
 # Token vectors, for hybrid search's late interaction (memory.vector_index): the model's state of
-# each of a text's word pieces ([CLS] and [SEP] left out; the item's own vector is their mean),
-# kept as int8, each token scaled by its largest component (a cosine does not see the scale),
-# 384 bytes a token: 16.7 KB for a LoCoMo turn of 44 tokens on average.
+# each of a text's word pieces ([CLS] and [SEP] left out; the item's own vector pools them with
+# those two), kept as int8, each token scaled by its largest component (a cosine does not see
+# the scale), 384 bytes a token: 16.7 KB for a LoCoMo turn of 44 tokens on average.
 TOKEN_DTYPE = np.int8
 
 # How long a process embeds queries by the documents' model after the int8 one could not be

@@ -152,9 +152,10 @@ def memory_search(
     session_diversity: float | None = None,
     rerank: bool = False,
 ) -> list[MemoryHit]:
-    """Hybrid (dense + BM25, z-score fusion), dense or sparse search of one agent's memories:
-    the top `limit` hits, less those whose relevance is below `min_relevance`. Hybrid spreads
-    its hits over sessions by `session_diversity` (None: MEMORY_SESSION_DIVERSITY)."""
+    """Hybrid (dense, BM25 and the word pieces' MaxSim, z-score fusion), dense or sparse search
+    of one agent's memories: the top `limit` hits, less those whose relevance is below
+    `min_relevance`. Hybrid spreads its hits over sessions by `session_diversity` (None:
+    MEMORY_SESSION_DIVERSITY)."""
     reranker = get_reranker() if rerank else None
     now = timezone.now()
     embedder = get_embedder()

@@ -3,7 +3,7 @@ the vector index catches up from it (memory.vector_index)."""
 
 import hashlib
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
@@ -491,30 +491,35 @@ def memory_reindex(*, batch: int = 64) -> int:
 def _fill_sentence_vectors(batch: int) -> None:
     """Sentence vectors for the items stored before items kept them (an item of one sentence
     has none, and is left as it is)."""
-    embedder = get_embedder()
-    empty = MemoryItem.objects.filter(sentence_embeddings=b"").values_list("id", "content")
-    split = [(pk, content) for pk, content in empty.iterator() if len(sentences(content)) > 1]
-    for start in range(0, len(split), batch):
-        rows = split[start : start + batch]
-        blobs = embedder.embed_sentences([content for _, content in rows])
-        with transaction.atomic():
-            revision = revision_take(name=REVISION)
-            for (pk, _), blob in zip(rows, blobs, strict=True):
-                MemoryItem.objects.filter(pk=pk).update(sentence_embeddings=blob, revision=revision)
+    embed = get_embedder().embed_sentences
+    _fill_missing("sentence_embeddings", embed, batch, lambda text: len(sentences(text)) > 1)
 
 
 def _fill_token_vectors(batch: int) -> None:
     """Token vectors for the items stored before items kept them (a model that gives no token
     states leaves them empty)."""
-    embedder = get_embedder()
-    empty = list(MemoryItem.objects.filter(token_embeddings=b"").values_list("id", "content"))
-    for start in range(0, len(empty), batch):
-        rows = empty[start : start + batch]
-        blobs = embedder.embed_tokens([content for _, content in rows])
+    _fill_missing("token_embeddings", get_embedder().embed_tokens, batch, lambda text: True)
+
+
+def _fill_missing(
+    field: str,
+    embed: Callable[[list[str]], list[bytes]],
+    batch: int,
+    wanted: Callable[[str], bool],
+) -> None:
+    """Fill `field`, a blob, where it is empty and `wanted(content)`, by `embed`, `batch`
+    items at a time. An item whose content changed meanwhile got its own blob: kept."""
+    empty = MemoryItem.objects.filter(**{field: b""}).values_list("id", "content_hash", "content")
+    rows = [(pk, digest, text) for pk, digest, text in empty.iterator() if wanted(text)]
+    for start in range(0, len(rows), batch):
+        chunk = rows[start : start + batch]
+        blobs = embed([text for _, _, text in chunk])
         with transaction.atomic():
             revision = revision_take(name=REVISION)
-            for (pk, _), blob in zip(rows, blobs, strict=True):
-                MemoryItem.objects.filter(pk=pk).update(token_embeddings=blob, revision=revision)
+            for (pk, digest, _), blob in zip(chunk, blobs, strict=True):
+                MemoryItem.objects.filter(pk=pk, content_hash=digest, **{field: b""}).update(
+                    **{field: blob}, revision=revision
+                )
 
 
 class RerankUnavailable(ServiceError):

@@ -93,6 +93,8 @@ MODES = ("dense", "sparse")  # what hybrid search fuses
 # "previous": the WITH_PREVIOUS vectors; "tokens": the TOKENS multivectors.
 INDEX_LAYOUT = "sentences places previous tokens"
 APPLY_CHUNK = 256
+# The most vector components one upsert request to a Qdrant server carries (_request_batches).
+REQUEST_NUMBERS = 500_000
 # Qdrant's defaults for the per-agent HNSW graphs. Below the threshold (in KB of vectors, about
 # 6,600 of 384 floats) an agent's points are scored exactly, and a segment is indexed (graphs
 # and int8 copies) once it holds that much; stated here so that tests can lower it.
@@ -702,21 +704,24 @@ class ServerEngine:
     def upsert(self, points: list[IndexPoint]) -> None:
         from qdrant_client import models
 
-        self._client.upsert(
-            self._collection,
-            wait=True,
-            points=[
-                models.PointStruct(
-                    id=str(p.id),
-                    payload=p.payload,
-                    vector=_vectors(
-                        p,
-                        lambda indices, values: models.SparseVector(indices=indices, values=values),
-                    ),
-                )
-                for p in points
-            ],
-        )
+        for batch in _request_batches(points):
+            self._client.upsert(
+                self._collection,
+                wait=True,
+                points=[
+                    models.PointStruct(
+                        id=str(p.id),
+                        payload=p.payload,
+                        vector=_vectors(
+                            p,
+                            lambda indices, values: models.SparseVector(
+                                indices=indices, values=values
+                            ),
+                        ),
+                    )
+                    for p in batch
+                ],
+            )
 
     def delete(self, ids: list[uuid.UUID]) -> None:
         from qdrant_client import models
@@ -1283,6 +1288,25 @@ def _chunks(items: Iterable[Item], size: int) -> Iterable[list[Item]]:
             chunk = []
     if chunk:
         yield chunk
+
+
+def _request_batches(points: list[IndexPoint]) -> Iterable[list[IndexPoint]]:
+    """`points` in runs of at most REQUEST_NUMBERS vector components (one point alone may
+    exceed it): a Qdrant server refuses a request over 32 MB by default, and the client's
+    JSON spells a token vector's component in about 20 characters. A catch-up's chunk of 256
+    turns holds about 4 million numbers, most of them the token vectors'; of abstracts, 25
+    million: up to 500 MB in one request."""
+    batch: list[IndexPoint] = []
+    numbers = 0
+    for point in points:
+        size = len(point.dense) * (1 + len(point.sentences) + len(point.tokens))
+        if batch and numbers + size > REQUEST_NUMBERS:
+            yield batch
+            batch, numbers = [], 0
+        batch.append(point)
+        numbers += size
+    if batch:
+        yield batch
 
 
 def _point(row: tuple[Any, ...], model: str) -> IndexPoint:

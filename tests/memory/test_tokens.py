@@ -156,3 +156,22 @@ def test_a_reindex_gives_items_stored_without_them_their_token_vectors():
     for text in TEXTS:
         old, new = token_vectors(bytes(kept[text]), 384), token_vectors(bytes(again[text]), 384)
         assert old.shape == new.shape and np.sum(unit(old) * unit(new), axis=1).min() > 0.99
+
+
+def test_a_reindex_keeps_the_tokens_of_content_changed_while_it_embedded():
+    from memory import services
+
+    memory_store_many(items=[{"agent_id": "a", "content": TEXTS[0]}])
+    MemoryItem.objects.update(token_embeddings=b"")  # as stored before they were kept
+    embedder = get_embedder()
+
+    def embed_while_the_item_changes(texts: list[str]) -> list[bytes]:
+        blobs = embedder.embed_tokens(texts)  # the old content's
+        item = MemoryItem.objects.get()
+        memory_update(item=item, version=item.version, changes={"content": TEXTS[3]})
+        return blobs
+
+    services._fill_missing("token_embeddings", embed_while_the_item_changes, 8, lambda t: True)
+    item = MemoryItem.objects.get()
+    assert item.content == TEXTS[3]
+    assert bytes(item.token_embeddings) == embedder.embed_tokens([TEXTS[3]])[0]

@@ -74,6 +74,39 @@ def test_store_with_the_index_down_returns_201_and_is_indexed_later(api_client, 
         vector_index.reset_vector_index()
 
 
+@pytest.mark.django_db
+def test_a_servers_upserts_are_cut_into_requests_it_accepts(settings, tmp_path, monkeypatch):
+    """A Qdrant server refuses requests over 32 MB; a catch-up's 256 points with their token
+    vectors can reach hundreds. Each request carries at most REQUEST_NUMBERS components."""
+    from qdrant_client import QdrantClient
+
+    from memory.services import memory_store_many
+
+    settings.DATA_DIR = tmp_path
+    settings.MEMORY_NEAR_DUPLICATE = 1.01  # alike on purpose: keep every one
+    client = QdrantClient(location=":memory:")
+    requests: list[int] = []
+    upsert = client.upsert
+
+    def counted(collection, *, points, **kwargs):  # observes, then the real upsert
+        dense = [v for p in points for v in p.vector.values() if isinstance(v, list)]
+        requests.append(int(sum(np.size(v) for v in dense)))  # a vector's or multivector's
+        return upsert(collection, points=points, **kwargs)
+
+    monkeypatch.setattr(client, "upsert", counted)
+    monkeypatch.setattr(vector_index, "REQUEST_NUMBERS", 40 * 384)
+    vector_index._index = VectorIndex(ServerEngine(client, "c"))
+    try:
+        texts = [f"memory number {i}: the ferry left the harbour at dawn" for i in range(12)]
+        memory_store_many(items=[{"agent_id": "a", "content": text} for text in texts])
+        get_vector_index().rebuild()
+        assert indexed_ids(get_vector_index(), "a") == db_ids("a") and len(db_ids("a")) == 12
+        # About 15 word pieces and a vector each: two or three points a request, not 12.
+        assert len(requests) > 2 and max(requests) <= 40 * 384
+    finally:
+        vector_index.reset_vector_index()
+
+
 @pytest.mark.django_db(transaction=True)
 @pytest.mark.usefixtures("vector_engine")
 def test_concurrent_writers_never_lose_a_committed_write(settings):

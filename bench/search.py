@@ -116,7 +116,9 @@ def load_items(n: int, agents: list[str], turns: list[str], seed: int) -> float:
             vectors /= np.linalg.norm(vectors, axis=1, keepdims=True)
             rows = []
             contents = [f"{turns[(offset + j) % len(turns)]} (#{offset + j})" for j in range(size)]
-            token_counts = [len(e.ids) - 2 for e in tokenizer.encode_batch(contents)]
+            # Word pieces less [CLS] and [SEP]; the tokenizer pads a batch to its longest text.
+            encodings = tokenizer.encode_batch(contents)
+            token_counts = [sum(e.attention_mask) - 2 for e in encodings]
             for j in range(size):
                 i = offset + j
                 content = contents[j]

@@ -421,9 +421,11 @@ def token_blob(states: FloatMatrix) -> bytes:
     return np.rint(scaled).astype(TOKEN_DTYPE).tobytes()
 
 
-def token_vectors(blob: bytes, dim: int) -> FloatMatrix:
-    """A token blob's vectors as float32 rows (not unit length: scored by cosine)."""
-    return np.frombuffer(blob, dtype=TOKEN_DTYPE).reshape(-1, dim).astype(np.float32)
+def token_vectors(blob: bytes, dim: int) -> npt.NDArray[np.int8]:
+    """A token blob's vectors as rows of int8, as stored (not unit length: scored by cosine).
+    The index takes them as Python ints, which need no allocation (small ints are cached): a
+    rebuild made the vectors' floats one by one, most of its time."""
+    return np.frombuffer(blob, dtype=TOKEN_DTYPE).reshape(-1, dim)
 
 
 def _observed(kind: str, batch_size: int) -> Any:

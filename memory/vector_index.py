@@ -163,7 +163,9 @@ class IndexPoint:
     sparse: SparseVector
     payload: dict[str, Any]
     sentences: list[list[float]] = field(default_factory=list)  # none: one sentence
-    tokens: list[list[float]] = field(default_factory=list)  # none: stored before items kept them
+    # Its word pieces' vectors, int8 values as stored; none: stored before items kept them, or
+    # by a model that gives no token states.
+    tokens: list[list[float]] = field(default_factory=list)
     # Its text joined with its previous turn's, as BM25 terms; None: its own (`sparse`).
     with_previous: SparseVector | None = None
 

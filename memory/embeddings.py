@@ -423,8 +423,8 @@ def token_blob(states: FloatMatrix) -> bytes:
 
 def token_vectors(blob: bytes, dim: int) -> npt.NDArray[np.int8]:
     """A token blob's vectors as rows of int8, as stored (not unit length: scored by cosine).
-    The index takes them as Python ints, which need no allocation (small ints are cached): a
-    rebuild made the vectors' floats one by one, most of its time."""
+    The index takes them as Python ints, which need no allocation (small ints are cached),
+    rather than a float made for each component: a rebuild makes millions."""
     return np.frombuffer(blob, dtype=TOKEN_DTYPE).reshape(-1, dim)
 
 

@@ -1,6 +1,6 @@
+import re
 from typing import Any
 
-from django.core.validators import RegexValidator
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
@@ -26,8 +26,21 @@ LIST_TAGS_PATTERN = rf"^[^,\x00]{{1,100}}(,[^,\x00]{{0,100}}){{0,{MAX_TAGS - 1}}
 
 @extend_schema_field({"type": "string", "maxLength": 256, "pattern": LIST_TAGS_PATTERN})
 class TagListField(StrictCharField):
-    """One text for a query's tags; its schema is the pattern the validator checks. A blank
-    `tags=` filters nothing (DRF returns it before the validators, the schema's other branch)."""
+    """One text for a query's tags, checked against its schema's pattern as the client sent it.
+    A blank `tags=` filters nothing (DRF returns it before the validators, the schema's other
+    branch)."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        # Untrimmed: Python's strip takes more than spaces (the control character \x1e too), so
+        # " ,x", which the pattern admits, would be checked as ",x". Each tag is stripped after.
+        super().__init__(trim_whitespace=False, **kwargs)
+        self.validators.append(self.match_pattern)
+
+    @staticmethod
+    def match_pattern(value: str) -> None:
+        # fullmatch: Python's `$` also matches before a final newline, a JSON Schema's does not.
+        if not re.fullmatch(LIST_TAGS_PATTERN, value):
+            raise serializers.ValidationError(f"At most {MAX_TAGS} tags of 100 characters.")
 
 
 MODES = ("hybrid", "dense", "sparse")
@@ -136,10 +149,6 @@ class MemoryListQuerySerializer(serializers.Serializer):
         max_length=256,
         required=False,
         allow_blank=True,
-        # The same rule as the schema's pattern, so that what one admits the other does.
-        validators=[
-            RegexValidator(LIST_TAGS_PATTERN, f"At most {MAX_TAGS} tags of 100 characters.")
-        ],
         help_text=f"Comma-separated tags (at most {MAX_TAGS}, each at most 100 characters): "
         "items with every one of them.",
     )

@@ -287,15 +287,18 @@ class Embedder:
         return _normalised(vectors), tokens
 
     def _forward(
-        self, fastembed_model: Any, texts: list[str], with_tokens: bool
+        self, fastembed_model: Any, texts: list[str], with_tokens: bool, *, query: bool = False
     ) -> tuple[FloatMatrix, list[tuple[FloatMatrix, npt.NDArray[np.int64]]]]:
-        """One pass of the model over `texts`: their vectors as fastembed pools them and, with
-        `with_tokens`, each text's token states and token ids (none for a model that gives no
-        token states)."""
+        """One pass of the model over `texts` (documents, or with `query` a query): their
+        vectors as fastembed pools them and, with `with_tokens`, each text's token states and
+        token ids (none for a model that gives no token states)."""
         model = fastembed_model.model  # fastembed's ONNX model under TextEmbedding
         if model.model is None:  # a lazily loaded one: its ONNX session not yet made
             model.load_onnx_model()
-        output = model.onnx_embed(texts)
+        # A multitask model (jina-embeddings-v3) embeds for a task, which its onnx_embed needs:
+        # the one fastembed's passage_embed or query_embed would give it.
+        task = getattr(model, "QUERY_TASK" if query else "PASSAGE_TASK", None)
+        output = model.onnx_embed(texts, **({} if task is None else {"task_id": task}))
         pooled = np.stack(list(model._post_process_onnx_output(output)))
         states, masks, ids = output.model_output, output.attention_mask, output.input_ids
         if not with_tokens or states.ndim != 3 or masks is None or ids is None:
@@ -348,7 +351,7 @@ class Embedder:
         word pieces that are neither punctuation nor a word BM25 leaves out as a stopword (all
         of them when none is). Late interaction over those measured better than over every
         token (bench/README.md, round eight)."""
-        pooled, states = self._forward(self._query, [text], with_tokens=True)
+        pooled, states = self._forward(self._query, [text], with_tokens=True, query=True)
         tokens = np.zeros((0, self.dim), dtype=np.float32)
         if states:
             tokens, ids = states[0]

@@ -172,3 +172,36 @@ def test_warm_up_loads_the_query_model_and_a_model_that_does_not_load_stops_noth
     monkeypatch.setattr(Embedder, "_load", broken)
     embeddings.warm_up()
     assert "the query model did not load as the process started" in caplog.text
+
+
+def test_a_multitask_model_is_given_its_passage_and_query_tasks(settings):
+    """fastembed's jina-embeddings-v3 embeds for a task, which its onnx_embed needs: items get
+    the passage task, queries the query task. That model (570M parameters) cannot be downloaded
+    here, so MiniLM stands in under its class's own task check (JinaEmbeddingV3's
+    _preprocess_onnx_input, which refuses a pass without a task), the task recorded, then left
+    out of MiniLM's inputs, which have none."""
+    from fastembed.text.multitask_embedding import JinaEmbeddingV3
+
+    settings.FASTEMBED_QUERY_INT8 = False  # one model for both, so one class to swap
+    embedder = Embedder(DEFAULT_MODEL)
+    embedder.embed_query("warm up")
+    model = embedder._dense.model
+    tasks = []
+
+    class MultitaskMiniLM(type(model)):  # type: ignore[misc]
+        PASSAGE_TASK, QUERY_TASK = JinaEmbeddingV3.PASSAGE_TASK, JinaEmbeddingV3.QUERY_TASK
+
+        def _preprocess_onnx_input(self, onnx_input, **kwargs):
+            onnx_input = JinaEmbeddingV3._preprocess_onnx_input(self, onnx_input, **kwargs)
+            tasks.append(int(onnx_input.pop("task_id")))
+            return onnx_input
+
+    model.__class__ = MultitaskMiniLM
+    item = embedder.embed_items(["The ferry left the harbour at dawn. It was late."])
+    query = embedder.embed_query_tokens("when did the ferry leave?")
+
+    assert (
+        set(tasks[:-1]) == {JinaEmbeddingV3.PASSAGE_TASK}
+        and tasks[-1] == JinaEmbeddingV3.QUERY_TASK
+    )
+    assert len(item.tokens[0]) > 0 and len(query.tokens) > 0

@@ -89,8 +89,9 @@ def test_a_servers_upserts_are_cut_into_requests_it_accepts(settings, tmp_path, 
     upsert = client.upsert
 
     def counted(collection, *, points, **kwargs):  # observes, then the real upsert
-        dense = [v for p in points for v in p.vector.values() if isinstance(v, list)]
-        requests.append(int(sum(np.size(v) for v in dense)))  # a vector's or multivector's
+        # Dense vectors and multivectors (sentences, tokens) are lists; BM25's are not.
+        listed = [v for p in points for v in p.vector.values() if isinstance(v, list)]
+        requests.append(int(sum(np.size(v) for v in listed)))
         return upsert(collection, points=points, **kwargs)
 
     monkeypatch.setattr(client, "upsert", counted)

@@ -318,7 +318,8 @@ class ExperienceInSerializer(serializers.Serializer):
         max_length=256,
         required=False,
         validators=[validate_experience_id_pattern, validate_experience_id],
-        help_text="Your id for this experience; sending it again returns the stored one.",
+        help_text="Your id for this experience; sending it again (in a later request, or "
+        "later in the same list) returns the stored one.",
     )
     agent_id = StrictCharField(max_length=256)
     session_id = StrictCharField(max_length=256, required=False, allow_blank=True)

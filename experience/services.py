@@ -79,21 +79,24 @@ def experience_create_many(
     *, items: Sequence[dict[str, Any]], now: datetime | None = None
 ) -> list[StoredExperience]:
     """Store validated experience dicts, each with its experience_id (client's or made up);
-    an item whose experience_id exists is returned as stored.
+    an item whose experience_id exists, or came earlier in `items`, is returned as stored.
 
     All or nothing: an id already used by another agent fails the whole call with 409.
     """
     now = now or timezone.now()
     # The rows are built before the revision is taken: from there on, the counter's row lock
     # makes every other experience write wait for this transaction's commit.
-    rows = {item["experience_id"]: _new_row(item, now) for item in items}
+    rows: dict[str, Experience] = {}
+    for item in items:  # an id sent twice is one experience sent again: the first is stored
+        if item["experience_id"] not in rows:
+            rows[item["experience_id"]] = _new_row(item, now)
     revision = revision_take(name=REVISION)
     # Read after the lock: a concurrent POST of the same new id has committed by now, so its
     # row is found here instead of failing this insert on the unique constraint.
     existing = experience_in_bulk_by_id(list(rows))
     for item in items:
-        stored = existing.get(item["experience_id"])
-        if stored is not None and stored.agent_id != item["agent_id"]:
+        stored = existing.get(item["experience_id"]) or rows[item["experience_id"]]
+        if stored.agent_id != item["agent_id"]:
             raise Conflict(
                 f"Experience id '{stored.experience_id}' is already used by another agent.",
                 experience_id=stored.experience_id,
@@ -106,12 +109,14 @@ def experience_create_many(
             row.priority = max_priority.get(row.agent_id) or INITIAL_MAX_PRIORITY
     _insert(new_rows)
     _count_inserts_and_evict(new_rows)
-    return [
-        StoredExperience(existing[eid], False)
-        if eid in existing
-        else StoredExperience(rows[eid], True)
-        for eid in (item["experience_id"] for item in items)
-    ]
+    results, created = [], set()
+    for eid in (item["experience_id"] for item in items):
+        if eid in existing:
+            results.append(StoredExperience(existing[eid], False))
+        else:
+            results.append(StoredExperience(rows[eid], eid not in created))
+            created.add(eid)
+    return results
 
 
 def _insert(rows: list[Experience]) -> None:

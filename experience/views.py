@@ -94,9 +94,6 @@ class ExperienceCollectionView(APIView):
         items, many = validate_one_or_many(
             s.ExperienceInSerializer, request.data, max_items=s.MAX_BATCH, noun="experiences"
         )
-        ids = [item.get("id") for item in items if item.get("id")]
-        if len(ids) != len(set(ids)):
-            raise ValidationError({"id": ["Each id may appear once in a list."]})
         for item in items:
             ensure_agent_allowed(request, item["agent_id"])
             item["experience_id"] = item.pop("id", None) or uuid.uuid4().hex

@@ -14,7 +14,7 @@ MAX_LEASE_SECONDS = 86_400
 
 
 class DreamCycleListQuerySerializer(serializers.Serializer):
-    agent_id = serializers.CharField(max_length=256, required=False)
+    agent_id = StrictCharField(max_length=256, required=False)
     status = serializers.ChoiceField(choices=DreamCycle.Status.choices, required=False)
 
 

@@ -104,8 +104,9 @@ def _text(
     null: bool = False,
     validators: tuple[Callable[[str], None], ...] = (),
 ) -> Callable[[Any], Any]:
-    """StrictCharField's rules: a JSON string only, whitespace trimmed; `validators` (the
-    field's own) run before the built-in ones and every error is reported, as in DRF."""
+    """StrictCharField's rules: a JSON string only, checked as sent, then whitespace trimmed;
+    `validators` (the field's own) run before the built-in ones and every error is reported,
+    as in DRF."""
 
     def check(value: Any) -> str | None:
         if value is None:
@@ -114,28 +115,27 @@ def _text(
             raise ValidationError(["This field may not be null."])
         if not isinstance(value, str):
             raise ValidationError([StrictCharField.default_error_messages["invalid"]])
-        text = value.strip()
-        if not text:
+        if not value.strip():
             if blank:
                 return ""
             raise ValidationError(["This field may not be blank."])
         errors: list[Any] = []
         for validate in validators:
             try:
-                validate(text)
+                validate(value)
             except ValidationError as exc:
                 errors.extend(exc.detail)  # a list, for a message
             except DjangoValidationError as exc:  # a Django validator, such as RegexValidator
                 errors.extend(exc.messages)
-        if len(text) > max_length:
+        if len(value) > max_length:
             errors.append(f"Ensure this field has no more than {max_length} characters.")
-        if "\x00" in text:
+        if "\x00" in value:
             errors.append("Null characters are not allowed.")
-        if surrogate := surrogate_error(text):
+        if surrogate := surrogate_error(value):
             errors.append(surrogate)
         if errors:
             raise ValidationError(errors)
-        return text
+        return value.strip()
 
     return check
 
@@ -461,7 +461,7 @@ class ReplayQuerySerializer(serializers.Serializer):
         default=3600.0,
         help_text="Seconds; recency weight 0.5 ** (age / half_life).",
     )
-    agent_id = serializers.CharField(max_length=256, required=False)
+    agent_id = StrictCharField(max_length=256, required=False)
     seed = serializers.IntegerField(min_value=0, max_value=2**63 - 1, required=False)
     min_size = serializers.IntegerField(min_value=1, default=1)
     stratified = serializers.BooleanField(default=False)
@@ -601,7 +601,7 @@ class ReplayOutSerializer(serializers.Serializer):
 
 
 class ExperienceListQuerySerializer(serializers.Serializer):
-    agent_id = serializers.CharField(max_length=256, required=False)
-    session_id = serializers.CharField(max_length=256, required=False)
+    agent_id = StrictCharField(max_length=256, required=False)
+    session_id = StrictCharField(max_length=256, required=False)
     passed = serializers.BooleanField(required=False, allow_null=True, default=None)
     sampled = serializers.BooleanField(required=False, allow_null=True, default=None)

@@ -26,14 +26,13 @@ LIST_TAGS_PATTERN = rf"^[^,\x00]{{1,100}}(,[^,\x00]{{0,100}}){{0,{MAX_TAGS - 1}}
 
 @extend_schema_field({"type": "string", "maxLength": 256, "pattern": LIST_TAGS_PATTERN})
 class TagListField(StrictCharField):
-    """One text for a query's tags, checked against its schema's pattern as the client sent it.
-    A blank `tags=` filters nothing (DRF returns it before the validators, the schema's other
-    branch)."""
+    """One text for a query's tags, checked against its schema's pattern as the client sent it
+    (StrictCharField: " ,x" and "\x1e,x" were checked as ",x", as Python's strip takes \x1e
+    too). A blank `tags=` filters nothing (DRF returns it before the validators, the schema's
+    other branch)."""
 
     def __init__(self, **kwargs: Any) -> None:
-        # Untrimmed: Python's strip takes more than spaces (the control character \x1e too), so
-        # " ,x", which the pattern admits, would be checked as ",x". Each tag is stripped after.
-        super().__init__(trim_whitespace=False, **kwargs)
+        super().__init__(**kwargs)
         self.validators.append(self.match_pattern)
 
     @staticmethod

@@ -138,6 +138,34 @@ def test_over_long_text_is_a_400_naming_the_field(api_client, path, body, field)
 
 
 @pytest.mark.django_db
+@pytest.mark.parametrize(
+    ("method", "path", "data"),
+    [
+        ("post", "/session/start", {"agent_id": "a" + " " * 256, "task": "t"}),
+        ("post", "/experience/", {"agent_id": "a", "task": "t", "reward": 1, "id": " i"}),
+        ("get", "/dream/cycles/", {"agent_id": "a" + "\t" * 256}),
+        ("get", "/experience/", {"session_id": "s" + "\t" * 256}),
+    ],
+)
+def test_text_is_checked_as_sent_not_as_trimmed(api_client, method, path, data):
+    """The schema's maxLength and pattern are the text's as sent: one that fits only once its
+    whitespace is trimmed is refused (schemathesis found an id of 6 characters and 250 tabs
+    accepted), as is an id whose pattern only its trimmed text matches."""
+    body = {"format": "json"} if method == "post" else {}
+    response = getattr(api_client, method)(path, data, **body)
+    assert response.status_code == 400, response.json()
+    assert response.json().keys() & {"agent_id", "id", "session_id"}
+
+
+@pytest.mark.django_db
+def test_text_within_its_limits_is_stored_trimmed(api_client):
+    response = api_client.post("/session/start", {"agent_id": " a\t", "task": "t "}, format="json")
+    assert response.status_code == 201, response.json()
+    session = api_client.get(f"/session/{response.json()['session_id']}").json()
+    assert (session["agent_id"], session["task"]) == ("a", "t")
+
+
+@pytest.mark.django_db
 @pytest.mark.parametrize("ttl_seconds", [10**13, 2**62])
 def test_a_ttl_beyond_a_century_is_a_400_not_a_date_overflow(api_client, ttl_seconds):
     # Found by schemathesis: now + ttl overflowed the date, a 500.

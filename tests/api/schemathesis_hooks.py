@@ -28,3 +28,21 @@ def lasting_ttls(ctx: Any, body: Any) -> Any:
         if type(ttl) is int and 0 < ttl < LASTING_SECONDS:
             item["ttl_seconds"] = ttl + LASTING_SECONDS
     return body
+
+
+# The agent whose rows the config hands operations as known ids (test_schemathesis.known_ids).
+# The run learns its name from the listings and once erased it before POST /session/close and
+# POST /dream/cycles/{cycle_id}/td-errors were fuzzed: their every later case answered 404, a
+# "missing test data" warning that fails the run (3 seeds of 6 tried). Its erasure goes to an
+# agent of no rows instead; erasing is checked on every other agent the run makes up, and in
+# tests/agents.
+FIXTURES_AGENT = "dreamer"
+
+
+@schemathesis.hook
+def before_call(ctx: Any, case: Any, **kwargs: Any) -> None:
+    """DELETE /agents/{FIXTURES_AGENT} erases another agent: the fixtures stay for the run."""
+    agent = (case.path_parameters or {}).get("agent_id")
+    if case.method.upper() == "DELETE" and case.path == "/agents/{agent_id}":
+        if agent == FIXTURES_AGENT:
+            case.path_parameters["agent_id"] = f"{FIXTURES_AGENT}-stand-in"

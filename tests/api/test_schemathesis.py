@@ -26,11 +26,11 @@ from drf_spectacular.generators import SchemaGenerator
 from schemathesis.config import SchemathesisWarning
 
 from .live_server import LiveServer, live_server
+from .schemathesis_hooks import FIXTURES_AGENT
 
 # Cases per operation and phase; the whole run is bounded by the time limit below as well.
 EXAMPLES_PER_OPERATION = int(os.environ.get("SCHEMATHESIS_EXAMPLES", "50"))
 SEED = int(os.environ.get("SCHEMATHESIS_SEED", "20"))
-DREAMER = "dreamer"
 HTTP_METHODS = {"get", "put", "post", "patch", "delete"}
 SCHEMATHESIS = Path(sys.executable).parent / "schemathesis"
 ROOT = Path(__file__).resolve().parents[2]
@@ -84,20 +84,20 @@ def known_ids(live: LiveServer) -> dict[str, dict[str, str]]:
     `parameters` per operation: the fuzzing phase reaches each past its 404 too. (The stateful
     phase follows the schema's links, but starts its chains only at operations whose inputs it
     believes some response produces, and no response produces an `agent_id`.)"""
-    experiences = [{"agent_id": DREAMER, "task": f"task {i}", "reward": i} for i in range(8)]
+    experiences = [{"agent_id": FIXTURES_AGENT, "task": f"task {i}", "reward": i} for i in range(8)]
     _post(live, "/experience/", experiences)
     # Cycles for a learner to claim: beat makes them in production, no worker runs here.
     live.manage(
         "shell",
         "-c",
         "from experience.dream_services import dream_cycle_run\n"
-        f"for _ in range(40): dream_cycle_run(agent_id={DREAMER!r})",
+        f"for _ in range(40): dream_cycle_run(agent_id={FIXTURES_AGENT!r})",
     )
     facts = ("The kettle is in the left cupboard.", "Deploys run on Fridays at noon.")
-    memory = [{"agent_id": DREAMER, "content": fact} for fact in facts]
+    memory = [{"agent_id": FIXTURES_AGENT, "content": fact} for fact in facts]
     kept, deleted = (item["point_id"] for item in _post(live, "/memory/store", memory)["items"])
     read, compressed, closed = (
-        _post(live, "/session/start", {"agent_id": DREAMER, "task": "t"})["session_id"]
+        _post(live, "/session/start", {"agent_id": FIXTURES_AGENT, "task": "t"})["session_id"]
         for _ in range(3)
     )
     return {

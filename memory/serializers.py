@@ -27,9 +27,9 @@ LIST_TAGS_PATTERN = rf"^[^,\x00]{{1,100}}(,[^,\x00]{{0,100}}){{0,{MAX_TAGS - 1}}
 @extend_schema_field({"type": "string", "maxLength": 256, "pattern": LIST_TAGS_PATTERN})
 class TagListField(StrictCharField):
     """One text for a query's tags, checked against its schema's pattern as the client sent it
-    (StrictCharField: " ,x" and "\x1e,x" were checked as ",x", as Python's strip takes \x1e
-    too). A blank `tags=` filters nothing (DRF returns it before the validators, the schema's
-    other branch)."""
+    (StrictCharField: " ,x" and "U+001E,x" were checked as ",x", as Python's strip takes
+    U+001E too). A blank `tags=` filters nothing (DRF returns it before the validators, the
+    schema's other branch)."""
 
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)

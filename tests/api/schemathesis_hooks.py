@@ -1,15 +1,19 @@
 """Loaded by the schemathesis CLI in tests/api/test_schemathesis.py (SCHEMATHESIS_HOOKS)."""
 
+import json
 from typing import Any
 
-import orjson
 import schemathesis
 
 
 @schemathesis.serializer("application/x-ndjson")
 def json_lines(ctx: Any, value: Any) -> bytes:
-    """An agent import's body (JSON Lines): a string as it is, anything else as JSON."""
-    return value.encode("utf-8", "surrogatepass") if isinstance(value, str) else orjson.dumps(value)
+    """An agent import's body (JSON Lines): a string as it is, anything else as JSON. The
+    standard library's json, as a generated value may hold an integer beyond 64 bits, which
+    orjson cannot write (a run failed on it)."""
+    if isinstance(value, str):
+        return value.encode("utf-8", "surrogatepass")
+    return json.dumps(value).encode()
 
 
 # A generated ttl of a few seconds can run out between a store and the request the schema's

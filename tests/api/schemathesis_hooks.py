@@ -37,7 +37,7 @@ def lasting_ttls(ctx: Any, body: Any) -> Any:
 # The agent whose rows the config hands operations as known ids (test_schemathesis.known_ids).
 # The run learns its name from the listings and once erased it before POST /session/close and
 # POST /dream/cycles/{cycle_id}/td-errors were fuzzed: their every later case answered 404, a
-# "missing test data" warning that fails the run (3 seeds of 6 tried). Its erasure goes to an
+# "missing test data" warning that fails the run (3 runs of 7 tried). Its erasure goes to an
 # agent of no rows instead; erasing is checked on every other agent the run makes up, and in
 # tests/agents.
 FIXTURES_AGENT = "dreamer"

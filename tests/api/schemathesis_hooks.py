@@ -46,7 +46,9 @@ FIXTURES_AGENT = "dreamer"
 @schemathesis.hook
 def before_call(ctx: Any, case: Any, **kwargs: Any) -> None:
     """DELETE /agents/{FIXTURES_AGENT} erases another agent: the fixtures stay for the run."""
-    agent = (case.path_parameters or {}).get("agent_id")
-    if case.method.upper() == "DELETE" and case.path == "/agents/{agent_id}":
-        if agent == FIXTURES_AGENT:
-            case.path_parameters["agent_id"] = f"{FIXTURES_AGENT}-stand-in"
+    if (
+        case.method.upper() == "DELETE"
+        and case.path == "/agents/{agent_id}"
+        and case.path_parameters.get("agent_id") == FIXTURES_AGENT
+    ):
+        case.path_parameters["agent_id"] = f"{FIXTURES_AGENT}-stand-in"

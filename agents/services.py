@@ -227,15 +227,15 @@ def agent_import(*, agent_id: str, lines: Iterable[bytes]) -> ImportResult:
         or len(item["embedding"]) != embedder.dim * 4
     ]
     # And those whose sentence or token vectors are of another size, or absent (an export
-    # made before items kept them).
+    # made before items kept them; a model that gives no token states has none to give).
     stale_ids = {id(item) for item in stale}
     unembedded = [
         item
         for _, item in memories
         if id(item) in stale_ids
         or len(item.get("sentence_embeddings", b"x")) % (embedder.dim * 4)
-        or not item.get("token_embeddings")
-        or len(item["token_embeddings"]) % embedder.dim
+        or len(item.get("token_embeddings", b"")) % embedder.dim
+        or (not item.get("token_embeddings") and embedder.gives_token_states)
     ]
     for start in range(0, len(unembedded), WRITE_BATCH):
         batch = unembedded[start : start + WRITE_BATCH]

@@ -315,6 +315,12 @@ class Embedder:
         split = [sentences(text) for text in texts]
         return _sentence_blobs(split, self.embed_documents(_split_sentences(split)))
 
+    @functools.cached_property
+    def gives_token_states(self) -> bool:
+        """Whether the model's pass gives its token states: one that pools inside its graph
+        gives only the pooled vector, and its items' token blobs stay empty (not unfilled)."""
+        return bool(self.embed_tokens(["token states probe"])[0])
+
     def embed_tokens(self, texts: list[str]) -> list[bytes]:
         """Each text's token blob (token_blob), b"" from a model that gives no token states."""
         return self._embed(texts, keep_tokens=len(texts))[1]

@@ -496,8 +496,10 @@ def _fill_sentence_vectors(batch: int) -> None:
 
 
 def _fill_token_vectors(batch: int) -> None:
-    """Token vectors for the items stored before items kept them (a model that gives no token
-    states leaves them empty)."""
+    """Token vectors for the items stored before items kept them. A model that gives no token
+    states leaves them empty: nothing to fill, and nothing embedded again to find that out."""
+    if not get_embedder().gives_token_states:
+        return
     _fill_missing("token_embeddings", get_embedder().embed_tokens, batch, lambda text: True)
 
 

@@ -175,3 +175,71 @@ def test_a_reindex_keeps_the_tokens_of_content_changed_while_it_embedded():
     item = MemoryItem.objects.get()
     assert item.content == TEXTS[3]
     assert bytes(item.token_embeddings) == embedder.embed_tokens([TEXTS[3]])[0]
+
+
+def _pooled_in_graph_minilm(folder):
+    """A fastembed model folder whose graph pools itself (MiniLM with its [CLS] state as the
+    output, as models exported with their pooling are): its pass gives no token states. No
+    such model can be downloaded here, so one is made from the shipped MiniLM."""
+    import onnx
+    from onnx import helper
+
+    from memory.embeddings import _minilm_int8_dir
+
+    minilm = _minilm_int8_dir(folder.parent / "minilm")
+    model = onnx.load((minilm / "model.onnx").resolve())
+    [states] = model.graph.output
+    first = helper.make_tensor("first", onnx.TensorProto.INT64, [], [0])
+    model.graph.initializer.append(first)
+    model.graph.node.append(helper.make_node("Gather", [states.name, "first"], ["pooled"], axis=1))
+    model.graph.output.pop()
+    model.graph.output.append(
+        helper.make_tensor_value_info("pooled", onnx.TensorProto.FLOAT, ["batch", 384])
+    )
+    folder.mkdir()
+    for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
+        (folder / name).symlink_to((minilm / name).resolve())
+    onnx.save(model, folder / "model_optimized.onnx")  # the file name of the model it loads as
+    return folder
+
+
+def test_a_model_without_token_states_is_not_asked_for_them_again(settings, tmp_path, monkeypatch):
+    """Its items' token blobs are empty for good: a reindex and an import must not take them
+    for unfilled (each embedded every item again to get nothing)."""
+    from django.core.management import call_command
+
+    from agents.selectors import agent_export
+    from agents.services import agent_erase, agent_import
+    from memory.embeddings import Embedder, reset_embedder
+
+    settings.FASTEMBED_MODEL = "BAAI/bge-small-en-v1.5"  # a class that takes a pooled output
+    settings.FASTEMBED_MODEL_PATH = str(_pooled_in_graph_minilm(tmp_path / "pooled"))
+    reset_embedder()
+    embedded: list[str] = []
+    forward = Embedder._forward
+
+    def counted(self, model, texts, *args, **kwargs):  # the real pass, its texts recorded
+        embedded.extend(texts)
+        return forward(self, model, texts, *args, **kwargs)
+
+    try:
+        embedder = get_embedder()
+        assert embedder.gives_token_states is False
+        memory_store_many(items=[{"agent_id": "a", "content": c} for c in TEXTS])
+        assert set(MemoryItem.objects.values_list("token_embeddings", flat=True)) == {b""}
+        export = list(agent_export(agent_id="a"))
+        monkeypatch.setattr(Embedder, "_forward", counted)
+
+        call_command("memory_reindex")
+        agent_erase(agent_id="a")
+        result = agent_import(agent_id="a", lines=export)
+
+        assert embedded == []
+        assert result.imported["memory_items"] == len(TEXTS)
+        assert sorted(MemoryItem.objects.values_list("content", flat=True)) == sorted(TEXTS)
+    finally:
+        reset_embedder()
+
+
+def test_a_model_with_token_states_says_so():
+    assert get_embedder().gives_token_states is True

@@ -26,7 +26,7 @@ import sys
 import tempfile
 import time
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
@@ -412,6 +412,9 @@ class Bench:
         token_maxsim: float = 0.0,
         token_query: str = "content",
         token_top: int = 0,
+        token_idf: float = 0.0,
+        token_sentence: float = 0.0,
+        fusion: Callable[..., np.ndarray] | None = None,
     ) -> Run:
         matrix, model = self.bm25[bm25]
         ranked = []
@@ -521,11 +524,18 @@ class Bench:
                     # only the fused pool's top `token_top` are scored; the rest take the
                     # lowest of those scores (they cannot climb past a scored item by it)
                     scored = pool[np.argsort(-fused, kind="stable")[:token_top]]
-                token[scored] = self.maxsim(q, docs[scored], token_query)
+                token[scored] = self.maxsim(q, docs[scored], token_query, token_idf, token_sentence)
                 if token_top:
                     outside = np.setdiff1d(pool, scored)
                     token[outside] = token[scored].min()
                 fused = fused + zfuse(pool, token, weights=(token_maxsim,))
+            if fusion is not None:
+                # a fusion of its own (bench/README's round ten: one learned on the other
+                # dataset's labels), given the pool's scores and today's fused ones
+                signals = [dense[pool], sparse[pool]]
+                if token_maxsim:
+                    signals.append(token[pool])
+                fused = fusion(q, docs[pool], signals, fused)
             if sentence_signal:
                 # the best sentence as a third signal, z-scored on its own (not blended into
                 # the whole text's cosine), the whole text's weight lowered by as much
@@ -587,23 +597,79 @@ class Bench:
             ranked.append(order)
         return Run(name, ranked)
 
-    def maxsim(self, q: int, pooled: np.ndarray, which: str) -> np.ndarray:
+    def maxsim(
+        self, q: int, pooled: np.ndarray, which: str, idf: float = 0.0, sentence: float = 0.0
+    ) -> np.ndarray:
         """MaxSim of query `q` with each of the `pooled` docs: each query token's best cosine
-        among the doc's tokens, summed (`which`: the query's "content" tokens, or "all")."""
+        among the doc's tokens, summed (`which`: the query's "content" tokens, or "all"); with
+        `idf` p, each query token's best cosine weighted by its word piece's IDF ** p over the
+        dataset's docs (rare pieces count more, as BM25 weighs its terms); with `sentence` a,
+        (1 - a) x that plus a x the best MaxSim of one sentence's tokens (a claim or a question
+        matches one sentence: matches strewn over the whole text count less)."""
         if not hasattr(self, "tokens"):
             self.tokens = token_states(self.ds)
         t = self.tokens
         span = slice(t["query_offsets"][q], t["query_offsets"][q + 1])
         query = t["queries"][span].astype(np.float32)
+        weights = np.ones(len(query))
+        if idf:
+            weights = self.piece_idf()[self.query_piece_ids()[q]] ** idf
         if which == "content" and t["query_content"][span].any():
-            query = query[t["query_content"][span]]
+            query, weights = query[t["query_content"][span]], weights[t["query_content"][span]]
         starts, docs = t["doc_offsets"], t["docs"]
-        return np.array(
-            [
-                float((query @ docs[starts[d] : starts[d + 1]].astype(np.float32).T).max(1).sum())
-                for d in pooled
-            ]
-        )
+        scores = []
+        for d in pooled:
+            cosines = query @ docs[starts[d] : starts[d + 1]].astype(np.float32).T
+            score = float(cosines.max(1) @ weights)
+            if sentence:
+                owner = self.token_sentences()[d][: cosines.shape[1]]
+                best = np.full((int(owner.max()) + 1, len(query)), -1.0)
+                np.maximum.at(best, owner, cosines.T)
+                score = (1 - sentence) * score + sentence * float((best @ weights).max())
+            scores.append(score)
+        return np.array(scores)
+
+    @functools.cache  # noqa: B019
+    def token_sentences(self) -> list[np.ndarray]:
+        """Each doc's word pieces' sentence (as `sentences` splits it), [CLS] and [SEP] out."""
+        from memory.embeddings import get_embedder
+
+        embedder = get_embedder()
+        embedder.embed_documents(["warm up"])
+        tokenizer = embedder._dense.model.tokenizer
+        out = []
+        for text, encoded in zip(self.ds.docs, tokenizer.encode_batch(self.ds.docs), strict=True):
+            keep = np.array(encoded.attention_mask, bool)
+            begins = np.array([start for start, _ in encoded.offsets])[keep][1:-1]
+            bounds = [m.end() for m in SENTENCE.finditer(text)]
+            out.append(np.searchsorted(bounds, begins, side="right"))
+        return out
+
+    def _piece_ids(self, texts: list[str]) -> list[np.ndarray]:
+        """Each text's word-piece ids as the model reads it ([CLS] and [SEP] out)."""
+        from memory.embeddings import get_embedder
+
+        embedder = get_embedder()
+        embedder.embed_documents(["warm up"])
+        tokenizer = embedder._dense.model.tokenizer
+        return [
+            np.array(e.ids)[np.array(e.attention_mask, bool)][1:-1]
+            for e in tokenizer.encode_batch(texts)
+        ]
+
+    @functools.cache  # noqa: B019 (one Bench per dataset, kept for the run)
+    def query_piece_ids(self) -> list[np.ndarray]:
+        return self._piece_ids(self.ds.queries)
+
+    @functools.cache  # noqa: B019
+    def piece_idf(self) -> np.ndarray:
+        """BM25's IDF of each word piece of the vocabulary over the docs (its document
+        frequency among them)."""
+        pieces = self._piece_ids(self.ds.docs)
+        vocabulary = 1 + max(int(ids.max()) for ids in [*pieces, *self.query_piece_ids()])
+        df = np.bincount(np.concatenate([np.unique(ids) for ids in pieces]), minlength=vocabulary)
+        n = len(pieces)
+        return np.log(1 + (n - df + 0.5) / (df + 0.5))
 
     def _stems(self, text: str) -> list[int]:
         """The text's words as Bm25 stems them (its term ids), in order, stopwords dropped."""
@@ -1299,6 +1365,27 @@ def lever_specs() -> list[tuple[str, dict[str, Any]]]:
         )
         for k in (30, 50)
         for w, p in ((1.0, 0.25), (1.25, 0.25))
+    ]
+    # Round ten (2026-12-08): the service of the day (the token MaxSim at 1.25, diversity 0.25),
+    # then the query's tokens weighted by their word pieces' IDF.
+    service_tokens = {
+        **service_now,
+        "token_maxsim": 1.25,
+        "token_query": "content",
+        "session_penalty": 0.25,
+    }
+    specs += [("service of 2026-12-08", service_tokens)]
+    specs += [
+        (
+            f"service + token IDF ** {p}, token weight {w}",
+            {**service_tokens, "token_idf": p, "token_maxsim": w},
+        )
+        for p in (0.5, 1.0, 2.0)
+        for w in (1.25, 2.0)
+    ]
+    specs += [
+        (f"service + best sentence's token MaxSim {a}", {**service_tokens, "token_sentence": a})
+        for a in (0.3, 0.6, 1.0)
     ]
     specs += [(f"query centering {a} alone", {"center": a}) for a in (0.5, 1.0)]
     specs += [(f"dense, query centering {a}", {"mode": "dense", "center": a}) for a in (0.5, 1.0)]

@@ -498,9 +498,9 @@ def _fill_sentence_vectors(batch: int) -> None:
 def _fill_token_vectors(batch: int) -> None:
     """Token vectors for the items stored before items kept them. A model that gives no token
     states leaves them empty: nothing to fill, and nothing embedded again to find that out."""
-    if not get_embedder().gives_token_states:
-        return
-    _fill_missing("token_embeddings", get_embedder().embed_tokens, batch, lambda text: True)
+    embedder = get_embedder()
+    if embedder.gives_token_states:
+        _fill_missing("token_embeddings", embedder.embed_tokens, batch, lambda text: True)
 
 
 def _fill_missing(

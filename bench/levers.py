@@ -1387,6 +1387,21 @@ def lever_specs() -> list[tuple[str, dict[str, Any]]]:
         (f"service + best sentence's token MaxSim {a}", {**service_tokens, "token_sentence": a})
         for a in (0.3, 0.6, 1.0)
     ]
+    idf = {**service_tokens, "token_idf": 1.0}
+    specs += [
+        (
+            f"service + token IDF, token weight {w}, diversity {p}",
+            {**idf, "token_maxsim": w, "session_penalty": p},
+        )
+        for w, p in ((1.5, 0.25), (2.5, 0.25), (2.0, 0.3), (3.0, 0.3))
+    ]
+    specs += [
+        (
+            f"service + token IDF, token weight 2.0, its best sentence {a}",
+            {**idf, "token_maxsim": 2.0, "token_sentence": a},
+        )
+        for a in (0.3, 0.5)
+    ]
     specs += [(f"query centering {a} alone", {"center": a}) for a in (0.5, 1.0)]
     specs += [(f"dense, query centering {a}", {"mode": "dense", "center": a}) for a in (0.5, 1.0)]
     return specs

@@ -632,13 +632,8 @@ class Bench:
     @functools.cache  # noqa: B019
     def token_sentences(self) -> list[np.ndarray]:
         """Each doc's word pieces' sentence (as `sentences` splits it), [CLS] and [SEP] out."""
-        from memory.embeddings import get_embedder
-
-        embedder = get_embedder()
-        embedder.embed_documents(["warm up"])
-        tokenizer = embedder._dense.model.tokenizer
         out = []
-        for text, encoded in zip(self.ds.docs, tokenizer.encode_batch(self.ds.docs), strict=True):
+        for text, encoded in zip(self.ds.docs, _encoded(self.ds.docs), strict=True):
             keep = np.array(encoded.attention_mask, bool)
             begins = np.array([start for start, _ in encoded.offsets])[keep][1:-1]
             bounds = [m.end() for m in SENTENCE.finditer(text)]
@@ -647,15 +642,7 @@ class Bench:
 
     def _piece_ids(self, texts: list[str]) -> list[np.ndarray]:
         """Each text's word-piece ids as the model reads it ([CLS] and [SEP] out)."""
-        from memory.embeddings import get_embedder
-
-        embedder = get_embedder()
-        embedder.embed_documents(["warm up"])
-        tokenizer = embedder._dense.model.tokenizer
-        return [
-            np.array(e.ids)[np.array(e.attention_mask, bool)][1:-1]
-            for e in tokenizer.encode_batch(texts)
-        ]
+        return [np.array(e.ids)[np.array(e.attention_mask, bool)][1:-1] for e in _encoded(texts)]
 
     @functools.cache  # noqa: B019 (one Bench per dataset, kept for the run)
     def query_piece_ids(self) -> list[np.ndarray]:
@@ -1022,6 +1009,15 @@ QUESTION_WORDS = STOP | {
 }
 
 
+def _encoded(texts: list[str]) -> list[Any]:
+    """The texts as the service's model tokenises them (its tokenizer's encodings)."""
+    from memory.embeddings import get_embedder
+
+    embedder = get_embedder()
+    embedder.embed_documents(["warm up"])  # loads the model and its tokenizer
+    return embedder._dense.model.tokenizer.encode_batch(texts)
+
+
 def _content_words(query: str) -> str:
     """The query without question and function words ("What did Caroline research?" ->
     "Caroline research")."""
@@ -1366,7 +1362,7 @@ def lever_specs() -> list[tuple[str, dict[str, Any]]]:
         for k in (30, 50)
         for w, p in ((1.0, 0.25), (1.25, 0.25))
     ]
-    # Round ten (2026-12-08): the service of the day (the token MaxSim at 1.25, diversity 0.25),
+    # Round ten: the service of round nine (the token MaxSim at 1.25, diversity 0.25),
     # then the query's tokens weighted by their word pieces' IDF.
     service_tokens = {
         **service_now,
@@ -1374,7 +1370,7 @@ def lever_specs() -> list[tuple[str, dict[str, Any]]]:
         "token_query": "content",
         "session_penalty": 0.25,
     }
-    specs += [("service of 2026-12-08", service_tokens)]
+    specs += [("service of round nine", service_tokens)]
     specs += [
         (
             f"service + token IDF ** {p}, token weight {w}",

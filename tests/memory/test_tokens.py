@@ -180,11 +180,12 @@ def test_a_reindex_keeps_the_tokens_of_content_changed_while_it_embedded():
 def _pooled_in_graph_minilm(folder):
     """A fastembed model folder whose graph pools itself (MiniLM with its [CLS] state as the
     output, as models exported with their pooling are): its pass gives no token states. No
-    such model can be downloaded here, so one is made from the shipped MiniLM."""
+    such model can be downloaded here, so one is made from the shipped MiniLM, in a folder
+    assembled as the shipped one is (_minilm_folder)."""
     import onnx
     from onnx import helper
 
-    from memory.embeddings import _minilm_int8_dir
+    from memory.embeddings import _minilm_folder, _minilm_int8_dir
 
     minilm = _minilm_int8_dir(folder.parent / "minilm")
     model = onnx.load((minilm / "model.onnx").resolve())
@@ -196,11 +197,9 @@ def _pooled_in_graph_minilm(folder):
     model.graph.output.append(
         helper.make_tensor_value_info("pooled", onnx.TensorProto.FLOAT, ["batch", 384])
     )
-    folder.mkdir()
-    for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
-        (folder / name).symlink_to((minilm / name).resolve())
-    onnx.save(model, folder / "model_optimized.onnx")  # the file name of the model it loads as
-    return folder
+    graph = folder.parent / "pooled.onnx"
+    onnx.save(model, graph)
+    return _minilm_folder(folder, graph)
 
 
 def test_a_model_without_token_states_is_not_asked_for_them_again(settings, tmp_path, monkeypatch):
@@ -212,7 +211,9 @@ def test_a_model_without_token_states_is_not_asked_for_them_again(settings, tmp_
     from agents.services import agent_erase, agent_import
     from memory.embeddings import Embedder, reset_embedder
 
-    settings.FASTEMBED_MODEL = "BAAI/bge-small-en-v1.5"  # a class that takes a pooled output
+    # A model of fastembed's class for pooled outputs whose ONNX file is model.onnx (its
+    # declared width is not read: the embedder probes a configured model's).
+    settings.FASTEMBED_MODEL = "BAAI/bge-large-en-v1.5"
     settings.FASTEMBED_MODEL_PATH = str(_pooled_in_graph_minilm(tmp_path / "pooled"))
     reset_embedder()
     embedded: list[str] = []

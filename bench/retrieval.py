@@ -201,6 +201,14 @@ def store_all(items: Sequence[dict[str, Any]], key: str, label: str) -> StoreRep
         rate = done / (time.perf_counter() - start)
         print(f"  {label}: stored {done:,}/{len(items):,} ({rate:.1f}/s)", file=sys.stderr)
     report.seconds = time.perf_counter() - start
+    # What the beat's count does within its interval: search by the word pieces' IDF.
+    from memory.services import memory_count_word_pieces
+
+    counted = time.perf_counter()
+    memory_count_word_pieces()
+    print(
+        f"  {label}: word pieces counted in {time.perf_counter() - counted:.1f} s", file=sys.stderr
+    )
     report.items = len(items)
     report.stored = report.items - report.duplicates
     return report

@@ -88,10 +88,12 @@ class ItemVectors:
 
 @dataclass(frozen=True)
 class QueryVectors:
-    """A query's vector and its content tokens' vectors (rows, unit length)."""
+    """A query's vector, its content tokens' vectors (rows, unit length) and their word
+    pieces' ids (the vocabulary's)."""
 
     vector: "npt.NDArray[np.float32]"
     tokens: "FloatMatrix"
+    token_ids: "npt.NDArray[np.int64]"
 
 
 def _minilm_int8_dir(root: Path) -> Path:
@@ -359,12 +361,26 @@ class Embedder:
         token (bench/README.md, round eight)."""
         pooled, states = self._forward(self._query, [text], with_tokens=True, query=True)
         tokens = np.zeros((0, self.dim), dtype=np.float32)
+        ids = np.zeros(0, dtype=np.int64)
         if states:
             tokens, ids = states[0]
             content = np.array([self._is_content(int(token)) for token in ids])
             if content.any():
-                tokens = tokens[content]
-        return QueryVectors(_normalised(pooled)[0], _normalised(tokens))
+                tokens, ids = tokens[content], ids[content]
+        return QueryVectors(_normalised(pooled)[0], _normalised(tokens), ids.astype(np.int64))
+
+    def piece_ids(self, texts: list[str]) -> list[npt.NDArray[np.int64]]:
+        """The word pieces the model reads of each text (no more than it reads: cut where it
+        cuts; [CLS] and [SEP] out): the pieces its token vectors stand for."""
+        encoded = self._dense.model.tokenizer.encode_batch(texts)
+        return [
+            np.asarray(e.ids, dtype=np.int64)[np.asarray(e.attention_mask, dtype=bool)][1:-1]
+            for e in encoded
+        ]
+
+    @property
+    def vocabulary_size(self) -> int:
+        return int(self._dense.model.tokenizer.get_vocab_size())
 
     @functools.lru_cache(maxsize=32_768)  # noqa: B019 (one Embedder a process)
     def _is_content(self, token_id: int) -> bool:

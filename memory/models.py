@@ -159,3 +159,20 @@ class VectorIndexCursor(models.Model):
 
     def __str__(self) -> str:
         return f"{self.name}@{self.cursor}"
+
+
+class WordPieceCounts(models.Model):
+    """How many memory items hold each word piece of an embedding model's vocabulary: the
+    document frequencies by which hybrid search weighs a query's tokens (their IDF, as BM25
+    weighs its terms). Derived from the items' texts, like the index, and counted again by
+    memory_count_word_pieces when the items have changed; one row per model."""
+
+    embedding_model = models.CharField(max_length=200, primary_key=True)
+    items = models.PositiveIntegerField()
+    # One little-endian int32 per word piece id, the vocabulary's size in all.
+    counts = models.BinaryField()
+    revision = models.BigIntegerField(help_text="The memory revision the count is of.")
+    counted_at = models.DateTimeField()
+
+    def __str__(self) -> str:
+        return f"{self.embedding_model}: {self.items} items at revision {self.revision}"

@@ -1,6 +1,8 @@
 """Every non-trivial read of long-term memory."""
 
 import math
+import threading
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime
@@ -16,12 +18,46 @@ from django.utils import timezone
 from ferrum_memory.core.exceptions import NotFound
 from ferrum_memory.core.telemetry import traced
 
-from .embeddings import Embedder, get_embedder, get_reranker
-from .models import MemoryEvent, MemoryItem
+from .embeddings import Embedder, FloatMatrix, QueryVectors, get_embedder, get_reranker
+from .models import MemoryEvent, MemoryItem, WordPieceCounts
 from .vector_index import SearchFilter, get_vector_index
 
 # Candidates a reranker reorders, per result asked for.
 RERANK_POOL = 3
+# How long a process uses the word pieces' counts it read before it reads them again (they are
+# counted again at most every few minutes: memory.apps).
+PIECE_COUNTS_READ_SECONDS = 60.0
+_piece_idf_lock = threading.Lock()
+_piece_idf: dict[str, tuple[float, np.ndarray | None]] = {}  # model -> (read at, IDF)
+
+
+def weighted_query_tokens(embedded: QueryVectors) -> FloatMatrix:
+    """The query's content tokens, each times its word piece's IDF over the items (BM25's:
+    a piece few items hold counts more in the MaxSim). Before the first count
+    (memory_count_word_pieces), every weight is 1."""
+    idf = _word_piece_idf(get_embedder().model_name)
+    if idf is None or not len(embedded.tokens):
+        return embedded.tokens
+    return (embedded.tokens * idf[embedded.token_ids][:, None]).astype(np.float32)
+
+
+def _word_piece_idf(model: str) -> np.ndarray | None:
+    with _piece_idf_lock:
+        read_at, idf = _piece_idf.get(model, (-math.inf, None))
+        if time.monotonic() - read_at < PIECE_COUNTS_READ_SECONDS:
+            return idf
+        row, idf = WordPieceCounts.objects.filter(embedding_model=model).first(), None
+        if row is not None and row.items:
+            held = np.frombuffer(bytes(row.counts), dtype="<i4").astype(np.float64)
+            idf = np.log(1 + (row.items - held + 0.5) / (held + 0.5))
+        _piece_idf[model] = (time.monotonic(), idf)
+        return idf
+
+
+def forget_word_piece_idf() -> None:
+    """Read the counts again at the next search (after a count, and in tests)."""
+    with _piece_idf_lock:
+        _piece_idf.clear()
 
 
 def memory_visible(
@@ -180,7 +216,7 @@ def memory_search(
         mode=mode,
         dense=dense.tolist(),
         sparse=sparse,
-        tokens=embedded.tokens.tolist() if mode == "hybrid" else (),
+        tokens=weighted_query_tokens(embedded).tolist() if mode == "hybrid" else (),
         flt=flt,
         limit=pool,
         session_diversity=session_diversity,

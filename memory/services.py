@@ -20,11 +20,20 @@ from ferrum_memory.core.revisions import (
     revision_delete,
     revision_delete_all,
     revision_purge_expired,
+    revision_state,
     revision_take,
 )
 
 from .embeddings import ItemVectors, get_embedder, sentences
-from .models import REVISION, MemoryEvent, MemoryItem, MemoryTombstone, sensitivity_rank
+from .models import (
+    REVISION,
+    MemoryEvent,
+    MemoryItem,
+    MemoryTombstone,
+    WordPieceCounts,
+    sensitivity_rank,
+)
+from .selectors import forget_word_piece_idf
 from .vector_index import EmbeddingModelMismatch, SearchFilter, get_vector_index
 
 logger = logging.getLogger(__name__)
@@ -482,6 +491,7 @@ def memory_reindex(*, batch: int = 64) -> int:
         redone += len(rows)
     _fill_sentence_vectors(batch)
     _fill_token_vectors(batch)
+    memory_count_word_pieces()
     reset_model_check()
     get_vector_index().rebuild()  # drop whatever it held and refill it from the DB
     reset_vector_index()
@@ -522,6 +532,47 @@ def _fill_missing(
                 MemoryItem.objects.filter(pk=pk, content_hash=digest, **{field: b""}).update(
                     **{field: blob}, revision=revision
                 )
+
+
+def memory_count_word_pieces(*, batch: int = 512) -> bool:
+    """Count how many items hold each word piece (WordPieceCounts), unless the items are as
+    they were at the last count; True when it counted. An item stored meanwhile may or may not
+    be counted: the next count, its revision having moved, takes it in."""
+    embedder = get_embedder()
+    revision = revision_state(name=REVISION)[0]
+    if WordPieceCounts.objects.filter(
+        embedding_model=embedder.model_name, revision=revision
+    ).exists():
+        return False
+    counts = np.zeros(embedder.vocabulary_size, dtype=np.int64)
+    items = 0
+    texts = MemoryItem.objects.values_list("content", flat=True).order_by()
+    chunk: list[str] = []
+    for text in texts.iterator(chunk_size=batch):
+        chunk.append(text)
+        if len(chunk) == batch:
+            items += _count_pieces(embedder.piece_ids(chunk), counts)
+            chunk = []
+    items += _count_pieces(embedder.piece_ids(chunk), counts) if chunk else 0
+    WordPieceCounts.objects.update_or_create(
+        embedding_model=embedder.model_name,
+        defaults={
+            "items": items,
+            "counts": counts.astype("<i4").tobytes(),
+            "revision": revision,
+            "counted_at": timezone.now(),
+        },
+    )
+    forget_word_piece_idf()  # this process searches by the new count at once
+    return True
+
+
+def _count_pieces(pieces: list[np.ndarray], counts: np.ndarray) -> int:
+    """Add one to `counts` for each piece each text holds; the number of texts."""
+    if pieces:
+        held = np.concatenate([np.unique(ids) for ids in pieces])
+        counts += np.bincount(held, minlength=len(counts))[: len(counts)]
+    return len(pieces)
 
 
 class RerankUnavailable(ServiceError):

@@ -1,6 +1,6 @@
 from celery import shared_task
 
-from .services import memory_index_now, memory_purge_expired
+from .services import memory_count_word_pieces, memory_index_now, memory_purge_expired
 
 
 @shared_task(name="memory.purge_expired", acks_late=True)
@@ -13,3 +13,10 @@ def purge_expired_memories() -> int:
 def index_catch_up() -> bool:
     """Bring this worker's vector index up to the DB (items stored while it was down)."""
     return memory_index_now()
+
+
+@shared_task(name="memory.count_word_pieces", acks_late=True)
+def count_word_pieces() -> bool:
+    """Count again how many items hold each word piece, if the items changed (the IDF by which
+    hybrid search weighs a query's tokens)."""
+    return memory_count_word_pieces()

@@ -64,10 +64,12 @@ def _clear_cache():
 
     from ferrum_memory.core.selectors import api_key_forget
     from ferrum_memory.core.throttling import ApiKeyRateThrottle
+    from memory.selectors import forget_word_piece_idf
 
     cache.clear()
     ApiKeyRateThrottle.forget_windows()
     api_key_forget()
+    forget_word_piece_idf()  # the word pieces' counts of an earlier test's (rolled back) DB
 
 
 _OPTIONS = pytest.StashKey[dict]()  # each test's DB OPTIONS as it started

@@ -238,7 +238,7 @@ MEMORY_SESSION_DIVERSITY = env.float("MEMORY_SESSION_DIVERSITY", default=0.25)
 # Hybrid search's late interaction (memory.vector_index): the weight of an item's MaxSim over
 # the query's content tokens in the fusion, beside the dense and BM25 scores (1 each); 0 turns
 # it off (the token vectors are stored and indexed either way).
-MEMORY_TOKEN_WEIGHT = env.float("MEMORY_TOKEN_WEIGHT", default=1.25)
+MEMORY_TOKEN_WEIGHT = env.float("MEMORY_TOKEN_WEIGHT", default=2.0)
 # POST /memory/context: the tokenizer that counts its budget (memory.tokens), and the default
 # relevance below which a memory is left out of a context (calibrated by bench/context.py).
 CONTEXT_TOKENIZER = env.str("CONTEXT_TOKENIZER", default="o200k_base")

@@ -157,6 +157,15 @@ def build_index() -> float:
     return time.perf_counter() - start
 
 
+def count_word_pieces() -> float:
+    """Seconds the beat's count of the items' word pieces takes (memory_count_word_pieces)."""
+    from memory.services import memory_count_word_pieces
+
+    start = time.perf_counter()
+    memory_count_word_pieces()
+    return time.perf_counter() - start
+
+
 def time_searches(
     questions: list[str], agents: list[str], repeats: int, warmup: int
 ) -> tuple[list[float], int]:
@@ -185,13 +194,15 @@ def time_index(
     from django.utils import timezone
 
     from memory.embeddings import get_embedder
+    from memory.selectors import weighted_query_tokens
     from memory.vector_index import SearchFilter, get_vector_index
 
     embedder, index = get_embedder(), get_vector_index()
     queries = []
     for question in questions:
         embedded = embedder.embed_query_tokens(question)
-        tokens_of = embedded.tokens.tolist() if tokens and mode == "hybrid" else []
+        weighted = weighted_query_tokens(embedded)
+        tokens_of = weighted.tolist() if tokens and mode == "hybrid" else []
         queries.append((embedded.vector.tolist(), embedder.sparse_query(question), tokens_of))
     times = []
     for i in range(repeats):
@@ -226,6 +237,7 @@ def part_latency(args: argparse.Namespace) -> None:
             print(f"  latency: {n:,} items, {label}: loading", file=sys.stderr, flush=True)
             load_s = load_items(n, agents, turns, args.seed)
             build_s = build_index()
+            count_s = count_word_pieces()
             times, fewest = time_searches(questions, agents, args.repeats, args.warmup)
             p50, p95 = percentiles(times)
             index_p50, index_p95 = percentiles(time_index(questions, agents, args.repeats))
@@ -245,6 +257,7 @@ def part_latency(args: argparse.Namespace) -> None:
                     f"{n // len(agents):,}",
                     f"{load_s:.1f}",
                     f"{build_s:.1f}",
+                    f"{count_s:.1f}",
                     f"{p50:.1f}",
                     f"{p95:.1f}",
                     f"{index_p50:.1f} / {index_p95:.1f}",
@@ -267,6 +280,7 @@ def part_latency(args: argparse.Namespace) -> None:
             "items/agent",
             "DB load s",
             "index build s",
+            "word piece count s",
             "p50 ms",
             "p95 ms",
             "index alone p50 / p95 ms",
@@ -284,7 +298,9 @@ def part_latency(args: argparse.Namespace) -> None:
         f"p95 {embed_p95:.1f} ms of each search above.\nRows: random unit vectors with real "
         "LoCoMo texts, written straight to the DB; index build = rebuild from the DB (BM25 of "
         "every text + upsert + building the per-agent HNSW graphs), as after `memory_reindex` or a "
-        "lost shard; index alone = the vector index's search with the query embedded beforehand "
+        "lost shard; word piece count = the beat's count of the items' word pieces (their IDF "
+        "weighs the query's tokens); index alone = the vector index's search with the query "
+        "embedded beforehand "
         "(hybrid: one query for the pool of each mode's top 50 with dense scores, one for their "
         "BM25, best sentence and token MaxSim scores, and the fusion), beside the same without "
         "the token MaxSim (the query's tokens not sent) and each single mode's."

@@ -447,9 +447,8 @@ def token_blob(states: FloatMatrix) -> bytes:
 
 
 def token_vectors(blob: bytes, dim: int) -> npt.NDArray[np.int8]:
-    """A token blob's vectors as rows of int8, as stored (not unit length: scored by cosine).
-    The index takes them as Python ints, which need no allocation (small ints are cached),
-    rather than a float made for each component: a rebuild makes millions."""
+    """A token blob's vectors as rows of int8, as stored (not unit length: the index makes
+    them so)."""
     return np.frombuffer(blob, dtype=TOKEN_DTYPE).reshape(-1, dim)
 
 

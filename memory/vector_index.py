@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
 import numpy as np
+import numpy.typing as npt
 from django.conf import settings
 from django.db.models import OuterRef, Q, QuerySet, Subquery
 
@@ -171,9 +172,10 @@ class IndexPoint:
     sparse: SparseVector
     payload: dict[str, Any]
     sentences: list[list[float]] = field(default_factory=list)  # none: one sentence
-    # Its word pieces' vectors, int8 values as stored; none: stored before items kept them, or
-    # by a model that gives no token states.
-    tokens: list[list[float]] = field(default_factory=list)
+    # Its word pieces' vectors, rows of int8 as stored (unit length once they reach an engine:
+    # _vectors); no rows: stored before items kept them, or by a model that gives no token
+    # states. An array, not lists: it goes to an index server pickled, as its bytes.
+    tokens: npt.NDArray[np.int8] = field(default_factory=lambda: np.zeros((0, 0), np.int8))
     # Its text joined with its previous turn's, as BM25 terms; None: its own (`sparse`).
     with_previous: SparseVector | None = None
 
@@ -541,8 +543,8 @@ def _vectors(point: IndexPoint, sparse_type: Callable[[list[int], list[float]], 
     }
     if point.sentences:
         vectors[SENTENCES] = point.sentences
-    if point.tokens:  # unit length: scored by dot product (see TOKENS)
-        tokens = np.asarray(point.tokens, dtype=np.float32)
+    if len(point.tokens):  # unit length: scored by dot product (see TOKENS)
+        tokens = point.tokens.astype(np.float32)
         vectors[TOKENS] = tokens / np.linalg.norm(tokens, axis=1, keepdims=True)
     return vectors
 
@@ -1307,9 +1309,9 @@ def _chunks(items: Iterable[Item], size: int) -> Iterable[list[Item]]:
 def _request_batches(points: list[IndexPoint]) -> Iterable[list[IndexPoint]]:
     """`points` in runs of at most REQUEST_NUMBERS vector components (one point alone may
     exceed it): a Qdrant server refuses a request over 32 MB by default. The client's JSON
-    spells a component in about 6 characters (a token vector's int8 value, `-72.0`) to 20 (a
-    float's), and a catch-up's chunk of 256 abstracts holds 25 million components, most of
-    them the token vectors': about 150 MB in one request (256 turns: about 25 MB)."""
+    spells a component in about 20 characters (a float's), and a catch-up's chunk of 256
+    abstracts holds 25 million components, most of them the token vectors': about 500 MB in
+    one request (256 turns: about 85 MB)."""
     batch: list[IndexPoint] = []
     numbers = 0
     for point in points:
@@ -1364,7 +1366,7 @@ def _point(row: tuple[Any, ...], model: str) -> IndexPoint:
     with_previous = (
         bm25(f"{content} {previous}") if previous and kind == MemoryItem.Kind.EPISODIC else None
     )
-    tokens = token_vectors(bytes(token_embeddings), len(dense)).tolist()
+    tokens = token_vectors(bytes(token_embeddings), len(dense))
     return IndexPoint(pk, dense, bm25(content), payload, sentences.tolist(), tokens, with_previous)
 
 

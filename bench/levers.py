@@ -1398,6 +1398,8 @@ def lever_specs() -> list[tuple[str, dict[str, Any]]]:
         )
         for a in (0.3, 0.5)
     ]
+    # Round eleven: the service now (round ten's IDF weights built in, the token weight 2).
+    specs += [("service of round eleven", {**idf, "token_maxsim": 2.0})]
     specs += [(f"query centering {a} alone", {"center": a}) for a in (0.5, 1.0)]
     specs += [(f"dense, query centering {a}", {"mode": "dense", "center": a}) for a in (0.5, 1.0)]
     return specs

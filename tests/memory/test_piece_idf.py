@@ -100,7 +100,12 @@ def test_a_search_sends_the_weighted_tokens(monkeypatch):
     index = get_vector_index()
     sent = []
     search = index.search
-    monkeypatch.setattr(index, "search", lambda **kw: sent.append(kw["tokens"]) or search(**kw))
+
+    def recording(**kwargs):
+        sent.append(kwargs["tokens"])
+        return search(**kwargs)
+
+    monkeypatch.setattr(index, "search", recording)
     query = "Did Caroline paint a sunset?"
 
     hits = memory_search(agent_id="a", query=query, mode="hybrid", limit=3)
@@ -109,3 +114,17 @@ def test_a_search_sends_the_weighted_tokens(monkeypatch):
     expected = weighted_query_tokens(get_embedder().embed_query_tokens(query))
     assert np.allclose(np.array(sent[0]), expected, atol=1e-5)
     assert not np.allclose(np.linalg.norm(expected, axis=1), 1.0)  # weighted, not unit
+
+
+def test_the_beat_counts_the_word_pieces_every_ten_minutes():
+    from django_celery_beat.models import PeriodicTask
+
+    from ferrum_memory.celery import app
+    from memory.tasks import count_word_pieces
+
+    schedule = PeriodicTask.objects.get(name="memory: count word pieces")  # made by migrate
+    assert schedule.task == count_word_pieces.name and schedule.task in app.tasks
+    assert schedule.interval.every == 600
+    memory_store_many(items=[{"agent_id": "a", "content": c} for c in TEXTS])
+    assert count_word_pieces.apply().get() is True
+    assert counts()[0] == len(TEXTS)

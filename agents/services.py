@@ -21,7 +21,13 @@ from ferrum_memory.core.revisions import revision_take
 from memory.embeddings import get_embedder
 from memory.models import REVISION as MEMORY_REVISION
 from memory.models import MemoryEvent, MemoryItem
-from memory.services import content_hash, memory_check_model, memory_erase_agent, memory_index_now
+from memory.services import (
+    content_hash,
+    memory_check_model,
+    memory_count_word_pieces,
+    memory_erase_agent,
+    memory_index_now,
+)
 from sessions.models import Session
 from sessions.serializers import SessionStartSerializer
 from sessions.services import SET_FIELDS, session_erase_agent, session_start
@@ -42,7 +48,8 @@ def agent_erase(*, agent_id: str, actor: str = "") -> Erasure:
     """Erase everything the service holds for `agent_id`: memory items and their history,
     sessions with their working memory and consolidations, experiences, dream cycles and
     their draws; tombstones make every derived index (each process's vector index and replay
-    trees) drop them, and this process's indexes do so before this returns.
+    trees) drop them, and this process's indexes do so before this returns, as do the word
+    pieces' counts, counted again from what remains (12 s at 10^5 items: memory.apps).
 
     Each part is deleted in chunks, so it is complete in one call whatever the count, and a
     call cut short (a lost connection) is finished by the next. What remains is an
@@ -54,6 +61,7 @@ def agent_erase(*, agent_id: str, actor: str = "") -> Erasure:
         | experience_erase_agent(agent_id=agent_id)
     )
     memory_index_now()
+    memory_count_word_pieces()
     get_replay_index().catch_up()
     _checkpoint()
     if not any(counts.values()):

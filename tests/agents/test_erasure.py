@@ -8,6 +8,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 import redis
 from django.conf import settings
@@ -18,7 +19,9 @@ from agents.models import AgentErasure
 from experience.dream_services import dream_cycle_claim, dream_cycle_run
 from experience.models import DreamCycle, Experience
 from ferrum_memory.core.services import api_key_create
-from memory.models import MemoryEvent, MemoryItem
+from memory.embeddings import get_embedder
+from memory.models import MemoryEvent, MemoryItem, WordPieceCounts
+from memory.services import memory_count_word_pieces
 from sessions.models import Consolidation, Session
 
 OTHER = "agent-kept"
@@ -141,6 +144,19 @@ def redis_keys_with(marker: str) -> list[str]:
     return found
 
 
+def piece_counts() -> np.ndarray:
+    """The word pieces' counts as the DB holds them (the IDF of a query's tokens)."""
+    return np.frombuffer(bytes(WordPieceCounts.objects.get().counts), dtype="<i4")
+
+
+def counted_afresh(items: Any) -> np.ndarray:
+    """How many of `items` hold each word piece, counted here."""
+    embedder = get_embedder()
+    pieces = embedder.piece_ids(list(items.values_list("content", flat=True)))
+    held = np.concatenate([np.unique(ids) for ids in pieces])
+    return np.bincount(held, minlength=embedder.vocabulary_size)
+
+
 def answers(client: APIClient, agent_id: str, data: dict[str, Any]) -> list[bytes]:
     """What the API tells about the agent, by every read route. (The experience's own id holds
     the marker, and a 404 names the id asked for: that answer is checked by its status.)"""
@@ -188,6 +204,8 @@ def test_erasure_leaves_no_trace_of_the_agent_and_touches_no_other(engines):
     assert not sqlite or files_with(marker, database_folder)
     assert not settings.REDIS_URL or redis_keys_with(marker)
     assert any(marker.encode() in body for body in answers(client, agent, data))
+    memory_count_word_pieces()  # as the beat does: the agent's items are counted
+    assert (piece_counts() != counted_afresh(MemoryItem.objects.exclude(agent_id=agent))).any()
 
     erased = ok(client.delete(f"/agents/{agent}"))
 
@@ -213,6 +231,7 @@ def test_erasure_leaves_no_trace_of_the_agent_and_touches_no_other(engines):
     if sqlite:  # PostgreSQL keeps freed tuples until VACUUM: see the README
         assert files_with(marker, database_folder, engines) == []
     assert redis_keys_with(marker) == []
+    assert (piece_counts() == counted_afresh(MemoryItem.objects.all())).all()  # counted again
     assert other_agent(client) == before
     record = AgentErasure.objects.get(agent_id=agent)
     assert record.counts == erased["counts"] and marker not in str(record.counts)

@@ -263,6 +263,7 @@ def agent_import(*, agent_id: str, lines: Iterable[bytes]) -> ImportResult:
         _import_cycles(agent_id, parsed, pks, imported, skipped)
         _import_sessions(agent_id, parsed, imported, skipped)
     memory_index_now()
+    memory_count_word_pieces()  # its items weigh in the IDF at once, as an erasure's leave it
     get_replay_index().catch_up()
     return ImportResult(agent_id, imported, skipped, len(stale))
 

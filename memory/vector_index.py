@@ -93,10 +93,11 @@ MODES = ("dense", "sparse")  # what hybrid search fuses
 # (bench/levers.py). The index keeps the vectors as float16 and scores them so: int8 copies
 # would hold 17 KB a turn in RAM (1.7 GB at 10^5 turns), and scored on them a pool's ranks
 # moved with where the segments happened to be indexed (0.002 of session recall between runs).
-# The IDF weights, with MEMORY_TOKEN_WEIGHT raised from 1.25 to 2 (bench/levers.py, round ten
-# and eleven): LoCoMo turn recall@10 0.818 -> 0.823, strict 0.748 -> 0.751, Hit@1 0.452 ->
-# 0.461, session recall unchanged; SciFact nDCG@10 0.742 -> 0.745. A fixed table in their place
-# (the word pieces' embedding norms, or the other dataset's IDF) cost both sets.
+# The IDF weights, with MEMORY_TOKEN_WEIGHT raised from 1.25 to 2 (bench/README.md, rounds ten
+# and eleven), through the service: LoCoMo turn recall@10 0.816 -> 0.823, strict 0.747 ->
+# 0.751, session 0.960 -> 0.961, Hit@1 0.452 -> 0.461; SciFact nDCG@10 0.743 -> 0.745. A
+# fixed table in their place (the word pieces' embedding norms, or the other dataset's IDF)
+# cost both sets.
 # What an index holds besides the model's vectors: an index built without it is rebuilt.
 # "places": each point's position in its session, for the neighbour context (below);
 # "previous": the WITH_PREVIOUS vectors; "dot-tokens": the TOKENS multivectors, by dot product.

@@ -36,7 +36,8 @@ def weighted_query_tokens(embedded: QueryVectors) -> FloatMatrix:
     a piece few items hold counts more in the MaxSim). Before the first count
     (memory_count_word_pieces), every weight is 1."""
     idf = _word_piece_idf(get_embedder().model_name)
-    if idf is None or not len(embedded.tokens):
+    # (A count made by another vocabulary under the same model name weighs nothing.)
+    if idf is None or not len(embedded.tokens) or embedded.token_ids.max() >= len(idf):
         return embedded.tokens
     return (embedded.tokens * idf[embedded.token_ids][:, None]).astype(np.float32)
 

@@ -8,15 +8,15 @@ the admin included, are seen on the next request. The only module that holds rep
 
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from functools import partial
-from itertools import islice
 
 import numpy as np
 import numpy.typing as npt
 
 from ferrum_memory.core.db_functions import EpochSeconds
+from ferrum_memory.core.iterables import batched
 from ferrum_memory.core.revisions import revision_changes
 from ferrum_memory.core.telemetry import index_catch_up
 
@@ -71,12 +71,6 @@ def _expiry(value: float | None) -> float:
 
 
 BUILD_CHUNK = 100_000  # rows read and turned into columns at a time
-
-
-def _batched(rows: Iterable[tuple], size: int) -> Iterator[list[tuple]]:
-    iterator = iter(rows)
-    while chunk := list(islice(iterator, size)):
-        yield chunk
 
 
 def _columns(
@@ -205,7 +199,7 @@ class ReplayIndex:
         """Build every tree from rows streamed in chunks: at 10^7 rows a list of row tuples took
         several GB; as numpy columns they take 36 bytes a row."""
         agents: dict[str, int] = {}
-        chunks = [list(_columns(chunk, agents)) for chunk in _batched(rows, BUILD_CHUNK)]
+        chunks = [list(_columns(chunk, agents)) for chunk in batched(rows, BUILD_CHUNK)]
         if not chunks:
             return
         columns = []

@@ -15,6 +15,7 @@ from django.db.models import F, Max, Q, QuerySet
 from django.utils import timezone
 
 from ferrum_memory.core.exceptions import Conflict, NotFound, ServiceError
+from ferrum_memory.core.iterables import batched
 from ferrum_memory.core.revisions import (
     delete_all,
     revision_delete,
@@ -547,13 +548,10 @@ def memory_count_word_pieces(*, batch: int = 512) -> bool:
     counts = np.zeros(embedder.vocabulary_size, dtype=np.int64)
     items = 0
     texts = MemoryItem.objects.values_list("content", flat=True).order_by()
-    chunk: list[str] = []
-    for text in texts.iterator(chunk_size=batch):
-        chunk.append(text)
-        if len(chunk) == batch:
-            items += _count_pieces(embedder.piece_ids(chunk), counts)
-            chunk = []
-    items += _count_pieces(embedder.piece_ids(chunk), counts) if chunk else 0
+    for chunk in batched(texts.iterator(chunk_size=batch), batch):
+        held = np.concatenate([np.unique(ids) for ids in embedder.piece_ids(chunk)])
+        counts += np.bincount(held, minlength=len(counts))[: len(counts)]
+        items += len(chunk)
     WordPieceCounts.objects.update_or_create(
         embedding_model=embedder.model_name,
         defaults={
@@ -565,14 +563,6 @@ def memory_count_word_pieces(*, batch: int = 512) -> bool:
     )
     forget_word_piece_idf()  # this process searches by the new count at once
     return True
-
-
-def _count_pieces(pieces: list[np.ndarray], counts: np.ndarray) -> int:
-    """Add one to `counts` for each piece each text holds; the number of texts."""
-    if pieces:
-        held = np.concatenate([np.unique(ids) for ids in pieces])
-        counts += np.bincount(held, minlength=len(counts))[: len(counts)]
-    return len(pieces)
 
 
 class RerankUnavailable(ServiceError):

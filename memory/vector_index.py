@@ -36,6 +36,7 @@ from django.conf import settings
 from django.db.models import OuterRef, Q, QuerySet, Subquery
 
 from ferrum_memory.core.exceptions import Unavailable
+from ferrum_memory.core.iterables import batched
 from ferrum_memory.core.revisions import revision_changes
 from ferrum_memory.core.storage import is_disk_full, require_room, write_atomically
 from ferrum_memory.core.telemetry import index_catch_up, traced
@@ -189,7 +190,6 @@ Hit = tuple[str, float]
 Place = tuple[str, int]  # a conversation's turn: its session, and its position there
 Turn = tuple[str, str, int]  # a turn of any agent: its agent, session and position
 Key = TypeVar("Key", bound=Hashable)  # a point id, as the engine or the DB names it
-Item = TypeVar("Item")
 
 
 class Engine(Protocol):
@@ -998,7 +998,7 @@ class VectorIndex:
                 self._unoptimized += len(gone)
         upserted: set[uuid.UUID] = set()
         now_at: list[Turn] = []
-        for chunk in _chunks(
+        for chunk in batched(
             index_rows(changes.changed).iterator(chunk_size=APPLY_CHUNK), APPLY_CHUNK
         ):
             points = [_point(row, embedder.model_name) for row in chunk]
@@ -1010,7 +1010,7 @@ class VectorIndex:
             self._unoptimized += len(chunk)
         if not changes.rebuild:
             followers = [pk for pk in next_turns([*were, *now_at]) if pk not in upserted]
-            for ids in _chunks(followers, APPLY_CHUNK):
+            for ids in batched(followers, APPLY_CHUNK):
                 rows = index_rows(MemoryItem.objects.filter(pk__in=ids))
                 self.engine.upsert([_point(row, embedder.model_name) for row in rows])
                 self._unoptimized += len(ids)
@@ -1244,10 +1244,10 @@ def next_turns(turns: Iterable[Turn]) -> list[uuid.UUID]:
     terms = [
         Q(agent_id=agent, session_id=session, position__in=some)
         for (agent, session), positions in after.items()
-        for some in _chunks(sorted(positions), 200)
+        for some in batched(sorted(positions), 200)
     ]
     found: list[uuid.UUID] = []
-    for group in _chunks(terms, 100):
+    for group in batched(terms, 100):
         match = functools.reduce(operator.or_, group)
         found += MemoryItem.objects.filter(match).values_list("pk", flat=True)
     return found
@@ -1294,17 +1294,6 @@ def diversify_sessions(
             ranked[session] += 1
         out.append((pk, score))
     return out
-
-
-def _chunks(items: Iterable[Item], size: int) -> Iterable[list[Item]]:
-    chunk: list[Item] = []
-    for item in items:
-        chunk.append(item)
-        if len(chunk) == size:
-            yield chunk
-            chunk = []
-    if chunk:
-        yield chunk
 
 
 def _request_batches(points: list[IndexPoint]) -> Iterable[list[IndexPoint]]:

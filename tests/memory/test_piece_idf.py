@@ -9,17 +9,9 @@ from memory.models import MemoryItem, WordPieceCounts
 from memory.selectors import memory_search, weighted_query_tokens
 from memory.services import memory_count_word_pieces, memory_delete_many, memory_store_many
 from memory.vector_index import TOKENS, SearchFilter, get_vector_index
+from tests.memory.test_tokens import TEXTS, unit
 
 pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("vector_engine")]
-
-TEXTS = [
-    "Caroline: I went to the LGBTQ support group yesterday and it was so powerful.",
-    "Melanie: We took the kids camping in the mountains last weekend.",
-    "Caroline: I'm looking into counseling programs, I want to help people like me.",
-    "Melanie: My painting of a sunset by the lake is finally finished!",
-    "Caroline: The adoption agency called back about the interview.",
-    "Melanie: The pottery class was fun, I made a bowl for the kitchen.",
-]
 
 
 def piece(word: str) -> int:
@@ -88,8 +80,7 @@ def test_the_engines_sum_each_query_tokens_best_cosine_times_its_weight():
     )[0]
     expected = {}
     for pk, row in rows.items():
-        item = token_vectors(bytes(row.token_embeddings), embedder.dim).astype(np.float32)
-        item /= np.linalg.norm(item, axis=1, keepdims=True)
+        item = unit(token_vectors(bytes(row.token_embeddings), embedder.dim).astype(np.float32))
         expected[pk] = float((query.tokens @ item.T).max(axis=1) @ weights)
     assert dict(scores) == pytest.approx(expected, abs=5e-3)
 
